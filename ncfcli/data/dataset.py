@@ -1,0 +1,193 @@
+"""The prepared dataset directory: what `ncf prepare` writes and every later command reads.
+
+    python -c "from ncfcli.data.dataset import read_meta; print(read_meta('DATA_DIR'))"
+
+Layout (format version 1); dense ids: users 0..n_users-1, items 0..n_items-1:
+
+    meta.json             format_version, counts, seed, source and its sha256, options, backend
+    train_users.npy       int32 [n_train]   training positives, sorted by (user, item), no duplicates
+    train_items.npy       int32 [n_train]
+    test_items.npy        int32 [n_users]   the held-out (latest) item of user u at row u
+    test_negatives.npy    int32 [n_users, eval_negatives]  distinct items, none a positive of u
+    user_ids.parquet      column raw_id: row i is the raw id of dense user i
+    item_ids.parquet      column raw_id: row i is the raw id of dense item i
+
+Arrays are plain .npy (no pickles) so they load straight onto a GPU; the id maps are Parquet
+because raw ids may be strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_dir
+
+FORMAT_VERSION = 1
+META = "meta.json"
+ARRAYS = {
+    "train_users": np.int32,
+    "train_items": np.int32,
+    "test_items": np.int32,
+    "test_negatives": np.int32,
+}
+ID_MAPS = ("user_ids.parquet", "item_ids.parquet")
+
+
+@dataclass
+class PreparedData:
+    """A prepared dataset, arrays on the backend's device (NumPy or CuPy)."""
+
+    path: Path
+    meta: dict[str, Any]
+    train_users: Any
+    train_items: Any
+    test_items: Any
+    test_negatives: Any
+    n_users: int = field(init=False)
+    n_items: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n_users = int(self.meta["n_users"])
+        self.n_items = int(self.meta["n_items"])
+
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the dataset's content; checkpoints record it to refuse a foreign dataset."""
+        return str(self.meta["fingerprint"])
+
+    def user_offsets(self, xp: Any) -> Any:
+        """int64 [n_users + 1]: user u's training rows are offsets[u]:offsets[u+1]."""
+        counts = xp.bincount(self.train_users, minlength=self.n_users)
+        offsets = xp.zeros(self.n_users + 1, dtype=xp.int64)
+        offsets[1:] = xp.cumsum(counts)
+        return offsets
+
+
+def fingerprint(meta: dict[str, Any]) -> str:
+    """A short hash of what defines the dataset's content (not where or when it was written)."""
+    keys = ("n_users", "n_items", "n_train", "eval_negatives", "seed", "source", "options",
+            "array_sha256")
+    blob = json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """meta.json of a prepared dataset, checked for existence and format version."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NcfError(f"dataset directory {path} does not exist (create it with `ncf prepare`)")
+    meta_path = path / META
+    if not meta_path.is_file():
+        raise NcfError(f"{path} is not a prepared dataset: {META} is missing")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise NcfError(f"{meta_path} is corrupt: {e}") from None
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version != FORMAT_VERSION:
+        raise NcfError(
+            f"{path} has dataset format version {version!r}; this ncfcli reads version "
+            f"{FORMAT_VERSION} (re-run `ncf prepare`)"
+        )
+    return meta
+
+
+def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
+    """Load a prepared dataset onto `backend`'s device, checking shapes against meta.json."""
+    path = Path(path)
+    meta = read_meta(path)
+    arrays: dict[str, Any] = {}
+    for name, dtype in ARRAYS.items():
+        f = path / f"{name}.npy"
+        try:
+            host = np.load(f, allow_pickle=False, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise NcfError(f"{f} is missing or corrupt: {e}") from None
+        if host.dtype != dtype:
+            raise NcfError(f"{f} has dtype {host.dtype}, expected {np.dtype(dtype)}")
+        arrays[name] = backend.asarray(host) if backend.is_cuda else np.ascontiguousarray(host)
+    n_users, n_items, n_train = meta["n_users"], meta["n_items"], meta["n_train"]
+    expected = {
+        "train_users": (n_train,),
+        "train_items": (n_train,),
+        "test_items": (n_users,),
+        "test_negatives": (n_users, meta["eval_negatives"]),
+    }
+    for name, shape in expected.items():
+        if tuple(arrays[name].shape) != shape:
+            raise NcfError(
+                f"{path / (name + '.npy')} has shape {tuple(arrays[name].shape)}, "
+                f"meta.json says {shape}: the dataset is corrupt"
+            )
+    if n_items <= 0 or n_users <= 0:
+        raise NcfError(f"{path}: meta.json declares an empty dataset")
+    return PreparedData(path=path, meta=meta, **arrays)
+
+
+def array_digest(arrays: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def write_prepared(
+    out: str | os.PathLike,
+    arrays: dict[str, np.ndarray],
+    user_ids: Any,
+    item_ids: Any,
+    meta: dict[str, Any],
+) -> dict[str, Any]:
+    """Write a prepared dataset atomically and return the completed meta.
+
+    `arrays` are host NumPy arrays named as in ARRAYS; `user_ids`/`item_ids` are 1-D host
+    sequences (NumPy, pandas or pyarrow) of raw ids in dense-id order. `meta` holds the
+    descriptive keys (counts, seed, source, options, backend, ...); format_version,
+    array_sha256 and fingerprint are filled in here.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    missing = set(ARRAYS) - set(arrays)
+    if missing:
+        raise ValueError(f"write_prepared: missing arrays {sorted(missing)}")
+    host = {k: np.ascontiguousarray(arrays[k], dtype=ARRAYS[k]) for k in ARRAYS}
+    meta = dict(meta)
+    meta["format_version"] = FORMAT_VERSION
+    meta["array_sha256"] = array_digest(host)
+    meta["fingerprint"] = fingerprint(meta)
+    with atomic_dir(out) as tmp:
+        for name, a in host.items():
+            np.save(tmp / f"{name}.npy", a, allow_pickle=False)
+        for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
+            table = pa.table({"raw_id": pa.array(ids)})
+            pq.write_table(table, tmp / fname)
+        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta
+
+
+def load_id_maps(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """(user raw ids, item raw ids) as host arrays indexed by dense id."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    out = []
+    for fname in ID_MAPS:
+        f = path / fname
+        try:
+            out.append(pq.read_table(f).column("raw_id").to_numpy(zero_copy_only=False))
+        except (OSError, KeyError, ValueError) as e:
+            raise NcfError(f"{f} is missing or corrupt: {e}") from None
+    return out[0], out[1]

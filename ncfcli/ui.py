@@ -1,0 +1,98 @@
+"""Console and progress helpers shared by the commands (Rich, injected, never global).
+
+Progress and diagnostics go to stderr; stdout carries the result (a table, or JSON with --json),
+so `ncf ... --json | jq` always works.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def out_console() -> Console:
+    return Console(highlight=False)
+
+
+def si(x: float) -> str:
+    """1234567 -> '1.23M'."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+class RateColumn(ProgressColumn):
+    """Samples per second of a task, from Rich's own speed estimate."""
+
+    def __init__(self, unit: str = "samples/s") -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{si(speed)} {self.unit}", style="cyan")
+
+
+def stage_progress(console: Console, disable: bool = False) -> Progress:
+    """One line per stage with a spinner and elapsed time (for `ncf prepare`)."""
+    return Progress(
+        SpinnerColumn(finished_text="[green]✓"),
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=disable,
+        transient=False,
+    )
+
+
+def epoch_progress(console: Console, disable: bool = False) -> Progress:
+    """A bar per epoch with samples/s, loss and ETA (for `ncf train`)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=30),
+        MofNCompleteColumn(),
+        RateColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeRemainingColumn(),
+        console=console,
+        disable=disable,
+        transient=False,
+    )
+
+
+def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value if isinstance(value, str) else str(value))
+    return table
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout, nothing else."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
