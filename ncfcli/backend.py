@@ -193,7 +193,11 @@ def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
     if cp is None:
         raise NcfError(
             "--device cuda: no usable GPU found (CuPy is "
-            + ("installed but sees no device" if importlib.util.find_spec("cupy") else "not installed")
+            + (
+                "installed but sees no device"
+                if importlib.util.find_spec("cupy")
+                else "not installed"
+            )
             + "); use --device cpu, or install the gpu extra: pip install 'ncfcli[gpu]'"
         )
     count = gpu_count()
@@ -226,8 +230,22 @@ def versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str | None] = {}
-    for dist in ("ncfcli", "torch", "numpy", "pandas", "pyarrow", "typer", "rich", "onnx",
-                 "onnxruntime", "cupy-cuda12x", "cupy", "cudf-cu12", "cudf", "rmm-cu12"):
+    for dist in (
+        "ncfcli",
+        "torch",
+        "numpy",
+        "pandas",
+        "pyarrow",
+        "typer",
+        "rich",
+        "onnx",
+        "onnxruntime",
+        "cupy-cuda12x",
+        "cupy",
+        "cudf-cu12",
+        "cudf",
+        "rmm-cu12",
+    ):
         try:
             out[dist] = version(dist)
         except PackageNotFoundError:

@@ -9,6 +9,9 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
     train_config    the resolved train options (primitives)
     dataset         {"path": str, "fingerprint": str, "n_users": int, "n_items": int}
     epoch           int, epochs completed
+    step            int, steps done in epoch + 1 when Ctrl-C stopped the run mid-epoch, else 0
+    partial_loss    [loss sum, samples] of those steps (so the epoch's mean loss survives)
+    world_size      int, ranks of the run that wrote it (a mid-epoch resume needs the same)
     model           state_dict (no DDP "module." prefix)
     optimizer       optimizer state_dict (absent in best.pt)
     scaler          GradScaler state_dict or None
@@ -20,7 +23,7 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
 Run directory layout:
 
     config.json     resolved config (model, train, dataset)
-    checkpoints/epoch_0003.pt ...   one per epoch; last.pt is the newest
+    checkpoints/epoch_0003.pt ...   one per epoch (the newest few); last.pt is the newest
     best.pt         weights of the best epoch (by HR@10, then NDCG@10)
     metrics.jsonl   one JSON object per epoch
     curves.png      loss, HR@10 and NDCG@10 per epoch

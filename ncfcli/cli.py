@@ -116,6 +116,372 @@ def info(json_out: bool = JsonOpt) -> None:
     out_console().print(summary_table("ncf info", rows))
 
 
+@app.command()
+@user_errors
+def prepare(
+    source: str = typer.Argument(
+        ...,
+        help="ml-100k|ml-1m|ml-10m|ml-20m|ml-25m, a zip/folder/CSV/TSV/Parquet path, or synthetic.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Output folder [default: <cache dir>/<source name>]."
+    ),
+    device: str = DeviceOpt,
+    seed: int = typer.Option(0, "--seed", help="Seeds the negatives and synthetic data."),
+    eval_negatives: int = typer.Option(100, "--eval-negatives", help="Test negatives per user."),
+    min_interactions: int = typer.Option(
+        2, "--min-interactions", help="Drop users with fewer distinct items."
+    ),
+    min_rating: float | None = typer.Option(
+        None, "--min-rating", help="Keep only interactions rated at least this."
+    ),
+    user_col: str | None = typer.Option(
+        None, "--user-col", help="User column (name or 0-based position for a file without header)."
+    ),
+    item_col: str | None = typer.Option(None, "--item-col", help="Item column."),
+    time_col: str | None = typer.Option(None, "--time-col", help="Timestamp column."),
+    rating_col: str | None = typer.Option(None, "--rating-col", help="Rating column."),
+    sep: str | None = typer.Option(
+        None, "--sep", help="Column separator (, \\t :: ...); sniffed when absent."
+    ),
+    users: int | None = typer.Option(None, "--users", help="synthetic: number of users."),
+    items: int | None = typer.Option(None, "--items", help="synthetic: number of items."),
+    interactions: int | None = typer.Option(
+        None, "--interactions", help="synthetic: number of raw interactions."
+    ),
+    preset: str | None = typer.Option(
+        None, "--preset", help="synthetic: ml-100k (default), ml-1m or ml-20m shape."
+    ),
+    cache_dir: Path | None = typer.Option(
+        None, "--cache-dir", envvar="NCF_CACHE_DIR", help="Downloads and default outputs."
+    ),
+    json_out: bool = JsonOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
+) -> None:
+    """Turn raw interactions into a prepared dataset (leave-one-out split, test negatives)."""
+    import time
+
+    from ncfcli.backend import get_backend
+    from ncfcli.data.prepare import PrepareConfig
+    from ncfcli.data.prepare import prepare as run_prepare
+    from ncfcli.ui import err_console, out_console, print_json, stage_progress, summary_table
+
+    t0 = time.perf_counter()
+    config = PrepareConfig(
+        source=source, out=str(out) if out else None, seed=seed, eval_negatives=eval_negatives,
+        min_interactions=min_interactions, min_rating=min_rating, user_col=user_col,
+        item_col=item_col, time_col=time_col, rating_col=rating_col, sep=sep, users=users,
+        items=items, interactions=interactions, preset=preset,
+        cache_dir=str(cache_dir) if cache_dir else None,
+    )  # fmt: skip
+    config.validate()
+    backend = get_backend(device)
+    with stage_progress(err_console(), disable=quiet) as progress:
+        meta = run_prepare(config, backend, progress, quiet=quiet)
+    seconds = round(time.perf_counter() - t0, 3)
+    keys = ("n_users", "n_items", "n_train", "n_test", "eval_negatives")
+    if json_out:
+        print_json({"out": meta["out"], **{k: int(meta[k]) for k in keys}, "seconds": seconds})
+        return
+    rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
+    rows += [(k, f"{meta[k]:,}") for k in keys]
+    rows += [
+        ("dropped users", f"{meta['dropped_users']:,}"),
+        ("duplicates collapsed", f"{meta['n_duplicates']:,}"),
+        ("backend", backend.describe()),
+        ("seconds", f"{seconds:.2f}"),
+    ]
+    out_console().print(summary_table("ncf prepare", rows))
+
+
+@app.command("eval", context_settings={"allow_extra_args": True})
+@user_errors
+def eval_run(
+    ctx: typer.Context,
+    run_dir: Path = typer.Argument(..., help="Run directory written by `ncf train`."),
+    k: list[str] = typer.Option(
+        None, "--k", help="Cut-offs K: --k 1 5 10 20 (or 1,5,10,20). Default 1 5 10 20."
+    ),
+    full_ranking: bool = typer.Option(
+        False, "--full-ranking", help="Rank against every item not in the user's training set."
+    ),
+    data: Path | None = typer.Option(
+        None, "--data", help="Evaluate on this prepared dataset instead of the run's own."
+    ),
+    batch_rows: int | None = typer.Option(
+        None,
+        "--batch-rows",
+        help="(user, item) pairs scored at once, the memory budget (2^20 on a GPU, 2^16 on a CPU).",
+    ),
+    device: str = DeviceOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """HR@K and NDCG@K of a trained run (sampled protocol, or --full-ranking)."""
+    from ncfcli.evaluate import DEFAULT_KS, EvalConfig, parse_ks, run_eval
+    from ncfcli.ui import err_console, out_console, print_json, summary_table
+
+    if ctx.args and not k:
+        raise NcfError(f"unexpected argument {ctx.args[0]!r} (K values follow --k)")
+    ks = parse_ks([*(k or []), *ctx.args]) if k else DEFAULT_KS
+    cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=batch_rows, data=data)
+    report = run_eval(run_dir, cfg, device)
+    if report.note:
+        err_console().print(f"note: {report.note}")
+    res = report.result
+    if json_out:
+        print_json(res)
+        return
+    rows: list[tuple[str, Any]] = [
+        ("protocol", res["protocol"]),
+        ("candidates", res["candidates"]),
+        ("tie rule", res["tie_rule"]),
+        ("users", res["users"]),
+        ("checkpoint", report.checkpoint),
+        ("dataset", report.dataset),
+    ]
+    rows += [(name, f"{value:.4f}") for name, value in res["metrics"].items()]
+    out_console().print(summary_table(f"ncf eval: {res['protocol']}", rows))
+
+
+@app.command()
+@user_errors
+def export(
+    run_dir: Path = typer.Argument(..., help="Run directory written by `ncf train`."),
+    onnx: bool = typer.Option(False, "--onnx", help="Export to ONNX (the only format so far)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Path of the .onnx file (default RUN_DIR/export/model.onnx)."
+    ),
+    triton: Path | None = typer.Option(
+        None, "--triton", help="Also write a Triton model repository in this directory."
+    ),
+    name: str = typer.Option("ncf", "--name", help="Triton model name."),
+    opset: int = typer.Option(18, "--opset", help="ONNX opset version (>= 18)."),
+    max_batch_size: int = typer.Option(
+        65536, "--max-batch-size", help="Triton max_batch_size in config.pbtxt."
+    ),
+    atol: float = typer.Option(
+        1e-4, "--atol", help="Largest onnxruntime-vs-PyTorch difference accepted."
+    ),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Export a run to ONNX (input user, item int64 [batch]; output logit float32 [batch])."""
+    from ncfcli.export import ExportConfig, run_export
+    from ncfcli.ui import out_console, print_json, summary_table
+
+    if not onnx:
+        raise NcfError("choose a format: --onnx")
+    cfg = ExportConfig(
+        out=out, triton=triton, name=name, opset=opset, max_batch_size=max_batch_size, atol=atol
+    )
+    res = run_export(run_dir, cfg)
+    if json_out:
+        print_json(res)
+        return
+    rows: list[tuple[str, Any]] = [
+        ("onnx", res["onnx"]),
+        ("output", f"{res['output']} (sigmoid of it = probability)"),
+        ("max |onnxruntime - torch|", f"{res['max_abs_diff']:.3g}"),
+    ]
+    rows += [(f"  batch {b}", f"{d:.3g}") for b, d in res["parity"].items()]
+    rows += [("id maps", ", ".join(res["id_maps"])), ("metadata", res["metadata"])]
+    if res["triton"]:
+        rows.append(("triton model", res["triton"]))
+    out_console().print(summary_table("ncf export", rows))
+
+
+@app.command()
+@user_errors
+def recommend(
+    run_dir: Path = typer.Argument(..., help="Run directory written by `ncf train`."),
+    user: list[str] = typer.Option(
+        None, "--user", "-u", help="Raw user id as in the source data (repeatable)."
+    ),
+    users_file: Path | None = typer.Option(
+        None, "--users-file", help="File with one raw user id per line."
+    ),
+    k: int = typer.Option(10, "-k", "--top-k", help="Items per user."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Prepared dataset for id maps and training items (default: the run's)."
+    ),
+    batch_rows: int | None = typer.Option(
+        None,
+        "--batch-rows",
+        help="(user, item) pairs scored at once, the memory budget (2^20 on a GPU, 2^16 on a CPU).",
+    ),
+    device: str = DeviceOpt,
+    json_out: bool = typer.Option(
+        False, "--json", help="One JSON object per user per line: user, items, scores."
+    ),
+) -> None:
+    """Top-K items for raw user ids, excluding what each user interacted with in training."""
+    from ncfcli.recommend import RecommendConfig, read_users_file, run_recommend
+    from ncfcli.ui import err_console, out_console, print_json
+
+    raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
+    cfg = RecommendConfig(k=k, batch_rows=batch_rows, data=data)
+    results, note = run_recommend(run_dir, raw, cfg, device)
+    if note:
+        err_console().print(f"note: {note}")
+    if json_out:
+        for r in results:
+            print_json(r)
+        return
+    from rich.table import Table
+
+    console = out_console()
+    for r in results:
+        table = Table(title=f"user {r['user']}: top {len(r['items'])}", title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("item")
+        table.add_column("score (logit)", justify="right")
+        for i, (item, score) in enumerate(zip(r["items"], r["scores"], strict=True), 1):
+            table.add_row(str(i), str(item), f"{score:.4f}")
+        console.print(table)
+
+
+class _TrainCommand(typer.core.TyperCommand):
+    """Lets `--layers 256 256 128 64` take several words (Click options take a fixed count),
+    and keeps the arguments as typed for the multi-process launcher."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        import re
+
+        ctx.meta["ncf_train_argv"] = ["train", *args]
+        joined: list[str] = []
+        i = 0
+        while i < len(args):
+            joined.append(args[i])
+            i += 1
+            if joined[-1] == "--layers":
+                words = []
+                while i < len(args) and re.fullmatch(r"[\d,\s]+", args[i]):
+                    words.append(args[i])
+                    i += 1
+                if words:
+                    joined.append(",".join(words))
+        return super().parse_args(ctx, joined)
+
+
+def _opt(help_text: str, *names: str) -> Any:
+    return typer.Option(None, *names, help=help_text, show_default=False)
+
+
+@app.command(cls=_TrainCommand)
+@user_errors
+def train(
+    ctx: typer.Context,
+    data_dir: Path = typer.Argument(..., help="Prepared dataset directory (from `ncf prepare`)."),
+    out: Path | None = _opt("Run directory (default: runs/<dataset>-<timestamp>).", "--out", "-o"),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out from its last checkpoint."
+    ),
+    epochs: int | None = _opt("Total epochs (default: by dataset size).", "--epochs", "-e"),
+    batch_size: int | None = _opt(
+        "Global batch (per GPU with --scaling weak).", "--batch-size", "-b"
+    ),
+    lr: float | None = _opt("Adam learning rate.", "--lr", "-l"),
+    beta1: float | None = _opt("Adam beta1.", "--beta1"),
+    beta2: float | None = _opt("Adam beta2.", "--beta2"),
+    eps: float | None = _opt("Adam epsilon.", "--eps"),
+    l2: float | None = _opt("L2 penalty on the batch's embedding rows (default: 0).", "--l2"),
+    model: str | None = _opt("neumf | gmf | mlp | mf (default: neumf).", "--model"),
+    factors: int | None = _opt("GMF/MF embedding width.", "--factors", "-f"),
+    layers: str | None = _opt(
+        "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).", "--layers"
+    ),
+    dropout: float | None = _opt("Dropout after each MLP hidden layer.", "--dropout"),
+    neg_per_pos: int | None = _opt(
+        "Training negatives per positive (default: by dataset size).", "--neg-per-pos", "-n"
+    ),
+    approx_negatives: bool | None = _opt(
+        "Unverified negatives, as NVIDIA's (may hit positives).",
+        "--approx-negatives/--verified-negatives",
+    ),
+    seed: int | None = _opt(
+        "Seed of the model, negatives, order and dropout (default: 0).", "--seed"
+    ),
+    target_hr: float | None = _opt("Stop once test HR@10 reaches this.", "--target-hr"),
+    amp: bool | None = _opt("Mixed precision (bf16, or fp16 with loss scaling).", "--amp/--no-amp"),
+    amp_dtype: str | None = _opt("auto | bf16 | fp16 (default: auto).", "--amp-dtype"),
+    tf32: bool | None = _opt(
+        "TF32 matmuls on GPUs that have them (default: on).", "--tf32/--no-tf32"
+    ),
+    scaling: str | None = _opt(
+        "strong (global batch fixed) | weak (per-GPU batch fixed).", "--scaling"
+    ),
+    warmup_epochs: int | None = _opt(
+        "Epochs of lr warm-up under --scaling weak.", "--warmup-epochs"
+    ),
+    eval_batch: int = typer.Option(
+        1 << 20, "--eval-batch", help="Most (user, item) rows scored at once in evaluation."
+    ),
+    keep_checkpoints: int = typer.Option(
+        3, "--keep-checkpoints", help="Per-epoch checkpoints kept."
+    ),
+    gpus: int | None = _opt("Train on N GPUs (one worker each, NCCL).", "--gpus"),
+    nproc: int | None = _opt("Train with N CPU workers (gloo).", "--nproc"),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes in a multi-node job."),
+    node_rank: int = typer.Option(0, "--node-rank", help="This node's index (0 hosts rank 0)."),
+    master_addr: str | None = _opt("Address of rank 0 for multi-node jobs.", "--master-addr"),
+    master_port: int | None = _opt("Port of rank 0.", "--master-port"),
+    device: str = DeviceOpt,
+    json_out: bool = JsonOpt,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars or table."),
+) -> None:
+    """Train NeuMF (or GMF/MLP/MF) on a prepared dataset: HR@10/NDCG@10 each epoch, checkpoints, curves."""
+    import os
+
+    # Spinning OpenMP threads starve each other on a busy or small CPU (10x slower measured on
+    # 2 shared cores); sleeping ones cost little. Only takes effect before torch loads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+    procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
+    if procs > 1 and os.environ.get("WORLD_SIZE") in (None, ""):
+        from ncfcli.launch import launch_train
+
+        code = launch_train(ctx.meta.get("ncf_train_argv") or sys.argv[1:], nproc=nproc, gpus=gpus,
+                            nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                            master_port=master_port)  # fmt: skip
+        raise typer.Exit(code)
+
+    from ncfcli.distributed import env_from_environ
+    from ncfcli.train import TrainConfig, parse_layers
+    from ncfcli.train import train as run_train
+    from ncfcli.ui import epoch_progress, err_console, out_console, print_json, si, summary_table
+
+    cfg = TrainConfig(
+        data_dir=str(data_dir), out=None if out is None else str(out), resume=resume, device=device,
+        epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
+        model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
+        neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
+        amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
+        eval_batch=eval_batch, keep_checkpoints=keep_checkpoints,
+    )  # fmt: skip
+    env = env_from_environ()
+    progress = epoch_progress(err_console(), disable=quiet or not env.is_main)
+    result = run_train(cfg, progress=progress, env=env)
+    if not env.is_main:
+        return
+    if json_out:
+        print_json(result.to_json())
+        return
+    if quiet:
+        return
+    rows: list[tuple[str, Any]] = [
+        ("run", result.run_dir),
+        ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
+                   + (", stopped at --target-hr)" if result.stopped_early else ")")),
+        ("best epoch", result.best_epoch),
+        ("HR@10", f"{result.metrics['hr@10']:.4f}"),
+        ("NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
+        ("samples/s", si(result.samples_per_second)),
+        ("seconds", f"{result.seconds:.1f}"),
+        ("parameters", si(result.parameters)),
+        ("device", f"{result.device} x {result.world_size}"),
+    ]  # fmt: skip
+    out_console().print(summary_table("ncf train", rows))
+
+
 def main() -> None:
     app()
 

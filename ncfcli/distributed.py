@@ -2,19 +2,39 @@
 
     torchrun --nproc-per-node 2 -m ncfcli train DATA_DIR --device cpu
 
-Rank and world size come from the environment (torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or
-SLURM's SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID); with none set this is one process and every
-collective below is a no-op.
+Rank and world size come from the environment, in this order:
+
+    torchrun / `ncf train --nproc|--gpus` (ncfcli.launch)   RANK, WORLD_SIZE, LOCAL_RANK,
+                                                           MASTER_ADDR, MASTER_PORT
+    SLURM `srun` (one task per GPU)                        SLURM_PROCID, SLURM_STEP_NUM_TASKS,
+                                                           SLURM_LOCALID; MASTER_ADDR is the
+                                                           first host of the step's node list
+    none of them                                           one process; every collective below
+                                                           is a no-op
+
+SLURM variables count only inside an `srun` step (SLURM_STEP_NUM_TASKS is set): an `sbatch`
+script or `salloc` shell also carries SLURM_NTASKS, and reading it there would make a single
+process wait for ranks that never come.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ncfcli.errors import NcfError
+
+# Seconds a collective (and the rendezvous) may wait before the job fails instead of hanging.
+DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_ENV = "NCF_DIST_TIMEOUT"
 
 
 @dataclass(frozen=True)
@@ -40,33 +60,150 @@ class DistEnv:
         return start, start + base + (1 if self.rank < extra else 0)
 
 
-def _int_env(*names: str) -> int | None:
+def _int_env(environ: dict[str, str] | os._Environ[str], *names: str) -> int | None:
     for name in names:
-        value = os.environ.get(name)
+        value = environ.get(name)
         if value not in (None, ""):
-            return int(value)  # type: ignore[arg-type]
+            try:
+                return int(value)  # type: ignore[arg-type]
+            except ValueError:
+                raise NcfError(
+                    f"environment variable {name} must be an integer, got {value!r}"
+                ) from None
     return None
 
 
-def env_from_environ() -> DistEnv:
-    world = _int_env("WORLD_SIZE", "SLURM_NTASKS") or 1
-    rank = _int_env("RANK", "SLURM_PROCID") or 0
-    local = _int_env("LOCAL_RANK", "SLURM_LOCALID")
-    return DistEnv(rank=rank, world_size=world, local_rank=rank if local is None else local)
+def in_slurm_step(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process is a task of an `srun` step (not merely inside an allocation)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    return environ.get("SLURM_STEP_NUM_TASKS") not in (None, "")
+
+
+def env_from_environ(environ: dict[str, str] | None = None) -> DistEnv:
+    """This process's rank, world size and local rank (see the module docstring for the sources)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if environ.get("WORLD_SIZE") not in (None, ""):
+        names = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+    elif in_slurm_step(environ):
+        names = ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID")
+    else:
+        return DistEnv()
+    world = _int_env(environ, names[0])
+    world = 1 if world is None else world
+    rank = _int_env(environ, names[1]) or 0
+    local = _int_env(environ, names[2])
+    local = rank if local is None else local
+    if world < 1 or not 0 <= rank < world or local < 0:
+        raise NcfError(
+            f"inconsistent distributed environment: {names[1]}={rank}, {names[0]}={world}, "
+            f"{names[2]}={local} (need 0 <= rank < world size)"
+        )
+    return DistEnv(rank=rank, world_size=world, local_rank=local)
+
+
+_BRACKET = re.compile(r"^([^\[,]*)\[([^\]]*)\](.*)$")
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: 'gpu[07-09,12],cpu1' -> 'gpu07'.
+
+    Only the first entry matters (SLURM puts task 0 there), so this reads just enough of the
+    hostlist syntax; `scontrol show hostnames` answers when the list is beyond it.
+    """
+    nodelist = nodelist.strip()
+    match = _BRACKET.match(nodelist)
+    if match is None or "," in match.group(1):
+        first = nodelist.split(",")[0].strip()
+        if first and "[" not in first:
+            return first
+    else:
+        prefix, ranges, rest = match.groups()
+        lo = ranges.split(",")[0].split("-")[0].strip()
+        if lo and ("[" not in rest.split(",")[0]):
+            return prefix + lo + rest.split(",")[0]
+    if shutil.which("scontrol"):
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.split()
+        if out:
+            return out[0]
+    raise NcfError(f"cannot read the first host of the SLURM node list {nodelist!r}")
+
+
+def slurm_master(environ: dict[str, str] | None = None) -> tuple[str, int]:
+    """(MASTER_ADDR, MASTER_PORT) for an srun step: task 0's host, and a port from the job id.
+
+    The port depends on the job id so that two jobs sharing a node do not collide.
+    """
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+    addr = first_slurm_host(nodelist) if nodelist else "127.0.0.1"
+    job = _int_env(environ, "SLURM_JOB_ID", "SLURM_JOBID") or 0
+    return addr, 20000 + job % 20000
+
+
+def timeout_seconds() -> float:
+    value = os.environ.get(TIMEOUT_ENV, "")
+    try:
+        seconds = float(value) if value else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise NcfError(f"{TIMEOUT_ENV} must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise NcfError(f"{TIMEOUT_ENV} must be > 0, got {value}")
+    return seconds
 
 
 def init(env: DistEnv, device: str) -> None:
-    """Join the process group (NCCL on GPUs, gloo on CPUs) when the world has several ranks."""
+    """Join the process group (NCCL on GPUs, gloo on CPUs) when the world has several ranks.
+
+    Every wait is bounded by NCF_DIST_TIMEOUT seconds (default 600), so a rank that never shows
+    up, or stops answering, fails the job instead of hanging it.
+    """
     if not env.enabled or dist.is_initialized():
         return
-    if "MASTER_ADDR" not in os.environ:
-        os.environ["MASTER_ADDR"] = os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        if in_slurm_step():
+            addr, port = slurm_master()
+        else:
+            addr, port = "127.0.0.1", 29500
+        os.environ.setdefault("MASTER_ADDR", addr)
+        os.environ.setdefault("MASTER_PORT", str(port))
     backend = "nccl" if device.startswith("cuda") else "gloo"
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_seconds())}
     if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise NcfError(
+                "NCCL is not available in this torch build, so GPU workers cannot talk to each "
+                "other; install a CUDA build of torch, or train on CPUs with --nproc N"
+            )
         kwargs["device_id"] = torch.device(device)
-    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **kwargs)
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **kwargs)
+    except dist.DistNetworkError as e:
+        raise NcfError(_network_message(e)) from None
+    except dist.DistStoreError as e:
+        raise NcfError(
+            f"rank {env.rank}: not all {env.world_size} ranks joined within {timeout_seconds():g} s "
+            f"at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+            f"(set {TIMEOUT_ENV} to wait longer): {_first_line(e)}"
+        ) from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _network_message(e: BaseException) -> str:
+    addr = os.environ.get("MASTER_ADDR", "?")
+    port = os.environ.get("MASTER_PORT", "?")
+    if "EADDRINUSE" in str(e) or "address already in use" in str(e).lower():
+        return f"--master-port {port} is in use on {addr}; pick another port or leave it unset"
+    return f"cannot reach the master at {addr}:{port}: {_first_line(e)}"
 
 
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

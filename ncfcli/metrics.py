@@ -1,5 +1,11 @@
 """Ranking metrics, HR@K and NDCG@K: `python -m pytest tests/test_metrics.py`.
 
+Two protocols. Sampled: the held-out item against the prepared dataset's N sampled negatives
+(`sampled_ranks`). Full ranking: the held-out item against every item the user did not
+interact with in training (`full_ranks`), scored in chunks of users on the device; the same
+masked score matrix (`masked_scores`) also feeds `ncf recommend`, so a recommendation list and
+the full-ranking metric can never disagree about a user's candidates or scores.
+
 Tie rule, everywhere: a candidate whose score equals the positive's ranks ahead of it, so ties
 never favour the positive (a model that scores everything equal gets HR@K = 0 for K <= number of
 candidates, not 1). A NaN score for the positive ranks it last; a NaN negative beats it.
@@ -8,17 +14,20 @@ rank = number of other candidates that beat the positive (0 = top).
 HR@K = mean over users of [rank < K]; NDCG@K = mean of 1/log2(rank + 2) for rank < K, else 0
 (one relevant item per user, so the ideal DCG is 1).
 
-Distributed evaluation reduces SUMS (hits, dcg, users) across ranks and divides once, so the
-result equals a single-process evaluation of the same weights.
+Distributed evaluation reduces integer COUNTS (users at each rank position < K, users) across
+ranks and computes the metrics once, so the result equals a single-process evaluation of the
+same weights bit for bit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 SAMPLED = "sampled"
+FULL = "full ranking"
 TIE_RULE = "ties rank the positive last"
 
 
@@ -30,13 +39,17 @@ def positive_ranks(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
 
 
 def metric_sums(ranks: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
-    """ranks [U] -> float64 [2 * len(ks) + 1]: hits@k for each k, dcg@k for each k, user count."""
-    ranks = ranks.to(torch.float64)
-    gain = 1.0 / torch.log2(ranks + 2.0)
-    hits = [(ranks < k).sum(dtype=torch.float64) for k in ks]
-    dcg = [torch.where(ranks < k, gain, torch.zeros_like(gain)).sum() for k in ks]
-    count = torch.tensor(float(ranks.numel()), dtype=torch.float64, device=ranks.device)
-    return torch.stack([*hits, *dcg, count])
+    """ranks [U] -> float64 [max(ks) + 1]: how many users have the positive at rank r, for each
+    r < max(ks), then the user count.
+
+    Only integer counts cross processes, so a sum over any split of the users is exact and the
+    metrics computed from it are bit-identical to a single-process evaluation.
+    """
+    top = max(ks)
+    ranks = ranks.to(torch.int64)
+    at = torch.bincount(ranks[ranks < top], minlength=top).to(torch.float64)
+    count = torch.tensor([float(ranks.numel())], dtype=torch.float64, device=ranks.device)
+    return torch.cat([at, count])
 
 
 def sums_to_metrics(sums: torch.Tensor, ks: Sequence[int]) -> dict[str, float]:
@@ -44,9 +57,9 @@ def sums_to_metrics(sums: torch.Tensor, ks: Sequence[int]) -> dict[str, float]:
     s = sums.detach().cpu().tolist()
     n = max(s[-1], 1.0)
     out: dict[str, float] = {}
-    for j, k in enumerate(ks):
-        out[f"hr@{k}"] = s[j] / n
-        out[f"ndcg@{k}"] = s[len(ks) + j] / n
+    for k in ks:
+        out[f"hr@{k}"] = sum(s[:k]) / n
+        out[f"ndcg@{k}"] = sum(c / math.log2(r + 2) for r, c in enumerate(s[:k])) / n
     return out
 
 
@@ -75,3 +88,100 @@ def sampled_ranks(
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=users.device)
     return torch.cat(out)
+
+
+def chunk_users(n_items: int, max_rows: int) -> int:
+    """Users per chunk so that one [chunk, n_items] score matrix stays within `max_rows` pairs."""
+    return max(1, max_rows // max(1, n_items))
+
+
+@torch.no_grad()
+def masked_scores(
+    model: torch.nn.Module,
+    users: torch.Tensor,
+    n_items: int,
+    offsets: torch.Tensor,
+    train_items: torch.Tensor,
+) -> torch.Tensor:
+    """Scores of `users` against every item, each user's training items set to -inf.
+
+    users int64 [U] dense ids (any order); offsets int64 [n_users + 1] (CSR: user u's training
+    items are train_items[offsets[u]:offsets[u + 1]]); train_items [n_train]; all on the
+    model's device. Returns float32 [U, n_items], the model's logits. One forward over all
+    U * n_items pairs and one scatter for the mask: no Python loop over users.
+    """
+    device = users.device
+    n = users.shape[0]
+    items = torch.arange(n_items, dtype=torch.int64, device=device)
+    scores = model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
+    first = offsets[users]
+    counts = offsets[users + 1] - first
+    total = int(counts.sum())
+    if total:
+        rows = torch.repeat_interleave(torch.arange(n, device=device), counts, output_size=total)
+        # Position of each masked pair inside its user's CSR slice, then inside train_items.
+        starts = torch.cumsum(counts, 0) - counts
+        within = torch.arange(total, device=device) - torch.repeat_interleave(
+            starts, counts, output_size=total
+        )
+        cols = train_items[torch.repeat_interleave(first, counts, output_size=total) + within]
+        scores[rows, cols.long()] = float("-inf")
+    return scores
+
+
+def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
+    """scores [U, I] with -inf on excluded items, pos_items [U] -> int64 [U] rank of the positive.
+
+    Candidates are the finite (or NaN) entries; the rank counts candidates other than the
+    positive that score >= it (NaN beats it), as in `positive_ranks`. A NaN positive ranks last.
+    """
+    rows = torch.arange(scores.shape[0], device=scores.device)
+    pos = scores[rows, pos_items.long()]
+    # -inf marks an excluded item; the positive itself is never excluded, so it is finite or NaN.
+    candidate = scores != float("-inf")
+    beats = ((scores >= pos[:, None]) | torch.isnan(scores)) & candidate
+    beats[rows, pos_items.long()] = False
+    ranks = beats.sum(dim=1)
+    last = candidate.sum(dim=1) - 1
+    return torch.where(torch.isnan(pos), last, ranks)
+
+
+@torch.no_grad()
+def full_ranks(
+    model: torch.nn.Module,
+    user_start: int,
+    user_end: int,
+    n_items: int,
+    offsets: torch.Tensor,
+    train_items: torch.Tensor,
+    test_items: torch.Tensor,
+    max_rows: int = 1 << 20,
+) -> torch.Tensor:
+    """Full-ranking rank of each test item for users [user_start, user_end).
+
+    offsets int64 [n_users + 1] and train_items [n_train] as in `masked_scores`; test_items
+    [n_users] (indexed by dense user id); all on the model's device. Every item the user did
+    not interact with in training is a candidate, the test item included. Users are scored in
+    chunks of `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start].
+    """
+    device = offsets.device
+    step = chunk_users(n_items, max_rows)
+    out = [torch.zeros(0, dtype=torch.int64, device=device)]
+    for s in range(user_start, user_end, step):
+        e = min(s + step, user_end)
+        users = torch.arange(s, e, dtype=torch.int64, device=device)
+        scores = masked_scores(model, users, n_items, offsets, train_items)
+        out.append(masked_ranks(scores, test_items[s:e]))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def top_items(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [U, I] from `masked_scores` -> (items int64 [U, k'], scores [U, k']), best first.
+
+    k' = min(k, I). Equal scores keep ascending item order (a stable sort, so the same input
+    always gives the same list); excluded items (-inf) sort last and callers drop them.
+    """
+    k = min(k, scores.shape[1])
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
+    return order, torch.gather(scores, 1, order)

@@ -34,7 +34,9 @@ class ModelConfig:
     n_users: int = 0  # rows of the user tables (dense ids 0..n_users-1)
     n_items: int = 0  # rows of the item tables
     factors: int = 64  # GMF / MF embedding width
-    layers: tuple[int, ...] = field(default=(256, 256, 128, 64))  # MLP sizes; layers[0] = 2 x MLP embedding
+    layers: tuple[int, ...] = field(
+        default=(256, 256, 128, 64)
+    )  # MLP sizes; layers[0] = 2 x MLP embedding
     dropout: float = 0.5  # dropout after each MLP hidden layer
 
     def __post_init__(self) -> None:
@@ -119,7 +121,9 @@ class NCF(nn.Module):
         i = self.item_embed(items)
         if self.cfg.kind == "mf":
             dot = (u * i).sum(dim=-1)
-            return dot + self.user_bias(users)[:, 0] + self.item_bias(items)[:, 0] + self.global_bias
+            return (
+                dot + self.user_bias(users)[:, 0] + self.item_bias(items)[:, 0] + self.global_bias
+            )
         parts = []
         if self.mf_dim:
             parts.append(u[:, : self.mf_dim] * i[:, : self.mf_dim])  # [B, factors]

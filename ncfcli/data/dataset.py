@@ -73,8 +73,16 @@ class PreparedData:
 
 def fingerprint(meta: dict[str, Any]) -> str:
     """A short hash of what defines the dataset's content (not where or when it was written)."""
-    keys = ("n_users", "n_items", "n_train", "eval_negatives", "seed", "source", "options",
-            "array_sha256")
+    keys = (
+        "n_users",
+        "n_items",
+        "n_train",
+        "eval_negatives",
+        "seed",
+        "source",
+        "options",
+        "array_sha256",
+    )
     blob = json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

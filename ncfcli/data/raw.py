@@ -1,0 +1,556 @@
+"""Recognise and read raw interactions: `ncf prepare PATH` (a zip, folder, CSV/TSV or Parquet).
+
+    python -c "from ncfcli.data.raw import read_path; from ncfcli.backend import get_backend; \
+print(read_path('u.data', get_backend('cpu')).n_rows)"
+
+What a path may be:
+- a MovieLens zip, or its extracted folder: the ratings file is found by name (`u.data`,
+  `ratings.dat`, `ratings.csv`, `ratings.parquet`);
+- one such ratings file: `u.data` (tab, no header), `ratings.dat` (`::`, no header),
+  `ratings.csv` (header `userId,movieId,rating,timestamp`);
+- any CSV/TSV: the separator is sniffed from the first line unless `--sep` is given, columns are
+  found by common names (user/user_id/userId, item/movieId/..., timestamp/time/...) unless
+  `--user-col/--item-col/--time-col/--rating-col` name them; integer positions (`--user-col 0`)
+  read a file without a header row;
+- a Parquet file, with the same column rules.
+
+The result has raw user and item ids (integers as an int32/int64 backend array, strings as a host
+pyarrow array), an int64 timestamp whose order is the only thing used, and an optional rating.
+On the CPU, PyArrow's multi-threaded CSV reader reads only the needed columns; with cuDF the file
+is parsed on the GPU, except `::` files, which cuDF cannot split (one-character separators only)
+and which go through the CPU reader first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from ncfcli.backend import Backend, frame_column_to_array, read_table_gpu
+from ncfcli.errors import NcfError
+
+# MovieLens ratings files, in the order a folder or zip is searched.
+RATINGS_FILES = ("u.data", "ratings.dat", "ratings.csv", "ratings.parquet")
+_ML_COLUMNS = ["user", "item", "rating", "timestamp"]
+_ML20M_HEADER = ["userId", "movieId", "rating", "timestamp"]
+
+# Column names recognised without a flag, compared case-insensitively.
+ROLE_NAMES: dict[str, tuple[str, ...]] = {
+    "user": ("user", "user_id", "userid", "uid", "user id", "users"),
+    "item": ("item", "item_id", "itemid", "iid", "movie", "movie_id", "movieid", "product_id"),
+    "time": ("timestamp", "time", "ts", "unix_timestamp", "datetime", "date"),
+    "rating": ("rating", "ratings", "score", "stars"),
+}
+ROLE_FLAGS = {"user": "--user-col", "item": "--item-col", "time": "--time-col",
+              "rating": "--rating-col"}  # fmt: skip
+_SNIFF_BYTES = 1 << 16
+_PARSE_SEP = "\x1f"  # stands in for a multi-character separator; never found in text data
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Column flags as given on the command line (None: recognise by name)."""
+
+    user: str | None = None
+    item: str | None = None
+    time: str | None = None
+    rating: str | None = None
+    sep: str | None = None
+
+
+@dataclass
+class RawInteractions:
+    """Interactions as read: one row per event, raw ids, nothing filtered yet."""
+
+    user: Any  # int32/int64 backend array, or a host pyarrow StringArray
+    item: Any
+    timestamp: Any  # int64 backend array; only its order matters
+    rating: Any | None  # float32 backend array, None when the source has no rating
+    source: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.timestamp)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How to parse one table file."""
+
+    fmt: str  # "csv" or "parquet"
+    sep: str = ","
+    header: bool = True
+    names: tuple[str, ...] | None = None  # column names of a headerless file
+    roles: dict[str, str | None] = field(default_factory=dict)  # role -> column name
+    types: dict[str, str] = field(default_factory=dict)  # column -> forced arrow type name
+    label: str = "csv"  # format name recorded in meta.json
+
+
+# ---- locating the ratings file -------------------------------------------------------------
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def find_ratings_file(folder: Path) -> Path:
+    """The MovieLens ratings file in `folder` or one level below it."""
+    for pattern in ("", "*/"):
+        for name in RATINGS_FILES:
+            hits = sorted(folder.glob(pattern + name))
+            if hits:
+                return hits[0]
+    present = sorted(p.name for p in folder.iterdir())[:12]
+    raise NcfError(
+        f"no ratings file in folder {folder} (looked for {', '.join(RATINGS_FILES)}, also one "
+        f"level down); it holds: {', '.join(present) or 'nothing'}. Pass the file itself "
+        f"with --user-col/--item-col/--time-col for other layouts"
+    )
+
+
+def _safe_member_path(name: str) -> PurePosixPath | None:
+    """The member's relative path, or None when extracting it could land outside the folder."""
+    norm = name.replace("\\", "/")
+    p = PurePosixPath(norm)
+    if norm.startswith("/") or (len(norm) > 1 and norm[1] == ":") or ".." in p.parts:
+        return None
+    return p
+
+
+def extract_ratings(zip_path: Path, dest: Path) -> Path:
+    """Extract only the ratings file of a MovieLens zip into `dest`, refusing unsafe archives.
+
+    Every entry is checked before anything is written, so a zip with one entry that would
+    land outside `dest` (zip-slip: absolute paths, `..`, symlinks) extracts nothing.
+    """
+    try:
+        zf = zipfile.ZipFile(zip_path)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise NcfError(f"{zip_path} is not a readable zip file: {e}") from None
+    with zf:
+        members = zf.infolist()
+        for m in members:
+            is_link = stat.S_ISLNK(m.external_attr >> 16)
+            if _safe_member_path(m.filename) is None or is_link:
+                raise NcfError(
+                    f"refusing {zip_path}: entry {m.filename!r} would be extracted outside "
+                    f"its folder{' (a symlink)' if is_link else ''}"
+                )
+        files = [m for m in members if not m.is_dir()]
+        chosen = None
+        for name in RATINGS_FILES:
+            hits = [m for m in files if PurePosixPath(m.filename).name == name]
+            if hits:
+                chosen = min(hits, key=lambda m: (m.filename.count("/"), m.filename))
+                break
+        if chosen is None:
+            listing = ", ".join(m.filename for m in files[:12]) or "no files"
+            raise NcfError(
+                f"no ratings file in zip {zip_path} (looked for {', '.join(RATINGS_FILES)}); "
+                f"it holds: {listing}"
+            )
+        rel = _safe_member_path(chosen.filename)
+        assert rel is not None
+        target = dest.joinpath(*rel.parts)
+        if not target.resolve().is_relative_to(dest.resolve()):
+            raise NcfError(f"refusing {zip_path}: entry {chosen.filename!r} leaves its folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.part-{os.getpid()}")
+        try:
+            with zf.open(chosen) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 22)
+            os.replace(tmp, target)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            raise NcfError(f"{zip_path}: cannot extract {chosen.filename}: {e}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return target
+
+
+# ---- sniffing a table file -----------------------------------------------------------------
+
+
+def _sniff_text(path: Path) -> list[str]:
+    """The first lines of a text table, or a one-line error for empty or binary files."""
+    size = path.stat().st_size
+    if size == 0:
+        raise NcfError(f"{path} is empty")
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        raise NcfError(
+            f"{path} is not a text table (binary content at byte {nul}); "
+            "expected CSV/TSV, u.data, ratings.dat, Parquet or a MovieLens zip"
+        )
+    if len(head) == _SNIFF_BYTES:  # the last line may be cut in the middle of a character
+        head = head[: head.rfind(b"\n") + 1] or head
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NcfError(
+            f"{path} is not UTF-8 text (invalid byte at {e.start}); expected CSV/TSV, "
+            "u.data, ratings.dat, Parquet or a MovieLens zip"
+        ) from None
+    lines = [ln.rstrip("\r") for ln in text.split("\n") if ln.strip()]
+    if not lines:
+        raise NcfError(f"{path} is empty (only blank lines)")
+    return lines
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _sniff_sep(line: str) -> str:
+    for sep in ("\t", "::", ",", ";", "|"):
+        if sep in line:
+            return sep
+    return ","
+
+
+def _decode_sep(sep: str) -> str:
+    sep = {"\\t": "\t", "tab": "\t", "TAB": "\t"}.get(sep, sep)
+    if not sep or sep in ("\n", "\r", '"'):
+        raise NcfError(f"--sep must be a column separator such as , or \\t or ::, got {sep!r}")
+    return sep
+
+
+def _match(role: str, wanted: str | None, columns: list[str], path: Path) -> str | None:
+    listing = ", ".join(columns)
+    if wanted is not None:
+        if wanted in columns:
+            return wanted
+        folded = [c for c in columns if c.lower() == wanted.lower()]
+        if len(folded) == 1:
+            return folded[0]
+        raise NcfError(
+            f"{path}: {ROLE_FLAGS[role]} {wanted!r} is not a column; its columns are: {listing}"
+        )
+    lower = {c.lower(): c for c in columns}
+    for cand in ROLE_NAMES[role]:
+        if cand in lower:
+            return lower[cand]
+    if role == "rating":
+        return None
+    raise NcfError(
+        f"{path}: no {role} column found (its columns are: {listing}); "
+        f"name it with {ROLE_FLAGS[role]}"
+    )
+
+
+def _resolve_roles(cols: Columns, columns: list[str], path: Path) -> dict[str, str | None]:
+    roles = {
+        "user": _match("user", cols.user, columns, path),
+        "item": _match("item", cols.item, columns, path),
+        "time": _match("time", cols.time, columns, path),
+        "rating": _match("rating", cols.rating, columns, path),
+    }
+    named = [c for c in roles.values() if c is not None]
+    if len(set(named)) != len(named):
+        raise NcfError(f"{path}: one column is used for two roles: {roles}")
+    return roles
+
+
+def _layout(path: Path, cols: Columns) -> _Layout:
+    """How to read `path`, decided from its name, its first lines and the column flags."""
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic == b"PAR1" or path.suffix.lower() in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
+
+        try:
+            names = list(pq.read_schema(path).names)
+        except Exception as e:  # pyarrow raises several types for a corrupt footer
+            raise NcfError(f"{path} is not a readable Parquet file: {e}") from None
+        return _Layout("parquet", roles=_resolve_roles(cols, names, path), label="parquet")
+
+    lines = _sniff_text(path)
+    positional = [c for c in (cols.user, cols.item, cols.time, cols.rating) if c is not None]
+    if positional and all(c.isdigit() for c in positional):
+        sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
+        n_cols = len(lines[0].split(sep))
+        names = tuple(str(k) for k in range(n_cols))
+        for flag, c in zip(ROLE_FLAGS.values(), (cols.user, cols.item, cols.time, cols.rating),
+                           strict=True):  # fmt: skip
+            if c is not None and int(c) >= n_cols:
+                raise NcfError(f"{path}: {flag} {c} is out of range; the file has {n_cols} columns")
+        roles = {"user": cols.user, "item": cols.item, "time": cols.time, "rating": cols.rating}
+        if roles["time"] is None:
+            raise NcfError(f"{path}: give --time-col too when the columns are positions")
+        return _Layout("csv", sep, False, names, roles, label="csv (no header)")
+
+    custom = any(c is not None for c in (cols.user, cols.item, cols.time, cols.rating, cols.sep))
+    if path.name in ("u.data", "ratings.dat") and not custom:
+        sep = "\t" if path.name == "u.data" else "::"
+        types = {"user": "int32", "item": "int32", "rating": "float32", "timestamp": "int64"}
+        roles = {"user": "user", "item": "item", "time": "timestamp", "rating": "rating"}
+        return _Layout("csv", sep, False, tuple(_ML_COLUMNS), roles, types, label=path.name)
+
+    sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
+    first = lines[0].split(sep)
+    if all(_is_number(x.strip()) for x in first):
+        # No header: the MovieLens convention (user, item, rating, timestamp) or (user, item, time).
+        if len(first) not in (3, 4):
+            raise NcfError(
+                f"{path} has no header row and {len(first)} columns; give the 0-based "
+                "positions with --user-col/--item-col/--time-col (and --rating-col)"
+            )
+        names = tuple(_ML_COLUMNS if len(first) == 4 else ["user", "item", "timestamp"])
+        roles = {"user": "user", "item": "item", "time": "timestamp",
+                 "rating": "rating" if len(first) == 4 else None}  # fmt: skip
+        return _Layout("csv", sep, False, names, roles, label="csv (no header)")
+    header = [c.strip().strip('"') for c in first]
+    roles = _resolve_roles(cols, header, path)
+    types: dict[str, str] = {}
+    label = "csv"
+    if header == _ML20M_HEADER:  # MovieLens 20M/25M: narrow types make parsing cheaper
+        types = {"userId": "int32", "movieId": "int32", "rating": "float32", "timestamp": "int64"}
+        label = "ratings.csv"
+    return _Layout("csv", sep, True, None, roles, types, label)
+
+
+# ---- reading -------------------------------------------------------------------------------
+
+
+def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str]) -> Any:
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    sep = layout.sep
+    source: Any = str(path)
+    if len(sep) > 1:  # PyArrow and cuDF split on one character only
+        data = path.read_bytes().replace(sep.encode(), _PARSE_SEP.encode())
+        source = pa.BufferReader(data)
+        sep = _PARSE_SEP
+    read_opts = pacsv.ReadOptions(
+        column_names=list(layout.names) if layout.names else None, block_size=1 << 24
+    )
+    parse_opts = pacsv.ParseOptions(delimiter=sep)
+    convert_opts = pacsv.ConvertOptions(
+        include_columns=wanted,
+        column_types={k: getattr(pa, v)() for k, v in layout.types.items() if k in wanted},
+        strings_can_be_null=False,
+        quoted_strings_can_be_null=False,
+    )
+    try:
+        return pacsv.read_csv(source, read_opts, parse_opts, convert_opts)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowKeyError) as e:
+        msg = str(e).strip().splitlines()[0]
+        raise NcfError(f"{path}: cannot parse: {msg}") from None
+
+
+def _read_parquet_cpu(path: Path, wanted: list[str]) -> Any:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path, columns=wanted)
+    except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
+        raise NcfError(f"{path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+
+
+def _id_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
+    """Raw ids as an int32/int64 backend array, or a host string array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count:
+        raise NcfError(f"{path}: column {name!r} has {arr.null_count} empty values")
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_integer(t):
+        host = arr.to_numpy(zero_copy_only=False)
+        if host.dtype not in (np.int32, np.int64):
+            host = host.astype(np.int64)  # unsigned or narrow types: a signed type ranks safely
+        return backend.asarray(host)
+    if pa.types.is_floating(t):
+        host = arr.to_numpy(zero_copy_only=False)
+        if not np.all(np.isfinite(host)) or not np.all(host == np.floor(host)):
+            raise NcfError(f"{path}: column {name!r} holds non-integer numbers; ids must be "
+                           "integers or strings")  # fmt: skip
+        return backend.asarray(host.astype(np.int64))
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return pc.cast(arr, pa.large_string())
+    raise NcfError(f"{path}: column {name!r} has type {t}; ids must be integers or strings")
+
+
+def _time_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count:
+        raise NcfError(f"{path}: time column {name!r} has {arr.null_count} empty values")
+    t = arr.type
+    if pa.types.is_integer(t):
+        host = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    elif pa.types.is_timestamp(t) or pa.types.is_date(t):
+        host = pc.cast(pc.cast(arr, pa.timestamp("us")), pa.int64()).to_numpy()
+    elif pa.types.is_floating(t):
+        # Fractional times: their rank keeps the order, which is all leave-one-out needs.
+        values = arr.to_numpy(zero_copy_only=False)
+        if not np.all(np.isfinite(values)):
+            raise NcfError(f"{path}: time column {name!r} has non-finite values")
+        host = np.unique(values, return_inverse=True)[1].astype(np.int64)
+    else:
+        sample = arr[0].as_py() if len(arr) else ""
+        raise NcfError(
+            f"{path}: unparsable values in time column {name!r} (e.g. {sample!r}); expected "
+            "integer epoch times or ISO-8601 date-times"
+        )
+    return backend.asarray(host)
+
+
+def _rating_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
+        sample = arr[0].as_py() if len(arr) else ""
+        raise NcfError(f"{path}: unparsable values in rating column {name!r} (e.g. {sample!r})")
+    host = arr.to_numpy(zero_copy_only=False).astype(np.float32)
+    host[np.isnan(host)] = -np.inf  # an empty rating never passes --min-rating
+    return backend.asarray(host)
+
+
+def _read_gpu(path: Path, layout: _Layout, wanted: list[str], backend: Backend) -> dict | None:
+    """Columns parsed by cuDF, or None where cuDF cannot take this layout."""
+    if backend.frame_library != "cudf" or (layout.fmt == "csv" and len(layout.sep) > 1):
+        return None
+    kwargs: dict[str, Any] = {"columns": wanted} if layout.fmt == "parquet" else {
+        "sep": layout.sep,
+        "header": 0 if layout.header else None,
+        "names": list(layout.names) if layout.names else None,
+        "usecols": wanted,
+        "dtype": {k: v for k, v in layout.types.items() if k in wanted} or None,
+    }  # fmt: skip
+    try:
+        frame = read_table_gpu(str(path), layout.fmt, **kwargs)
+    except Exception as e:  # cuDF raises RuntimeError/ValueError with long texts
+        raise NcfError(f"{path}: cannot parse: {str(e).strip().splitlines()[0]}") from None
+    if len(frame) == 0:
+        return {}
+    out = {}
+    for name in wanted:
+        col = frame[name]
+        if col.null_count:
+            raise NcfError(f"{path}: column {name!r} has {col.null_count} empty values")
+        if col.dtype.kind in "iuf":
+            out[name] = frame_column_to_array(backend, col)
+        else:  # strings and times: finish on the host, as on the CPU path
+            out[name] = col.to_arrow()
+    return out
+
+
+def read_table_file(
+    path: Path, cols: Columns, backend: Backend, need_rating: bool
+) -> RawInteractions:
+    """Read one ratings/CSV/TSV/Parquet file into raw interactions."""
+    import pyarrow as pa
+
+    layout = _layout(path, cols)
+    roles = layout.roles
+    if need_rating and roles.get("rating") is None:
+        raise NcfError(f"--min-rating needs a rating column, and {path} has none; "
+                       "name it with --rating-col")  # fmt: skip
+    wanted = [roles["user"], roles["item"], roles["time"]]
+    if need_rating:
+        wanted.append(roles["rating"])
+    wanted = [w for w in wanted if w is not None]
+    columns = _read_gpu(path, layout, wanted, backend)
+    if columns is None:
+        table = (
+            _read_parquet_cpu(path, wanted)
+            if layout.fmt == "parquet"
+            else _read_csv_cpu(path, layout, wanted)
+        )
+        n = table.num_rows
+        columns = {w: table.column(w) for w in wanted} if n else {}
+    if not columns:
+        what = "has a header row but no data rows" if layout.header else "has no data rows"
+        raise NcfError(f"{path} {what}")
+
+    def host_or_device(name: str, convert: Any) -> Any:
+        col = columns[name]
+        if isinstance(col, (pa.Array, pa.ChunkedArray)):
+            return convert(col, name, path, backend)
+        return col.astype(backend.xp.float32 if convert is _rating_column else backend.xp.int64)
+
+    user = host_or_device(roles["user"], _id_column)
+    item = host_or_device(roles["item"], _id_column)
+    ts = host_or_device(roles["time"], _time_column)
+    rating = host_or_device(roles["rating"], _rating_column) if need_rating else None
+    return RawInteractions(
+        user, item, ts, rating,
+        {"format": layout.label, "columns": {k: v for k, v in roles.items() if v is not None}},
+    )  # fmt: skip
+
+
+def read_path(
+    path: str | os.PathLike,
+    backend: Backend,
+    cols: Columns = Columns(),
+    need_rating: bool = False,
+    extract_to: Path | None = None,
+) -> RawInteractions:
+    """Read a zip, folder or table file; `source` records what was read and its sha256.
+
+    A zip is checked, then only its ratings file is extracted, into `extract_to` when given
+    (the download cache) or else a temporary folder that is removed afterwards.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise NcfError(f"{p}: no such file or folder")
+    kind = "folder" if p.is_dir() else "file"
+    with contextlib.ExitStack() as stack:
+        table_file = p
+        digest_of = p
+        if p.is_dir():
+            table_file = find_ratings_file(p)
+            digest_of = table_file
+        elif p.stat().st_size > 0 and _is_zip(p):
+            kind = "zip"
+            dest = extract_to
+            if dest is None:
+                dest = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ncf-zip-")))
+            table_file = extract_ratings(p, dest)
+        # Hashing runs beside the parser: hashlib releases the GIL, the parse is I/O and Arrow.
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=1))
+        digest = pool.submit(sha256_file, digest_of)
+        raw = read_table_file(table_file, cols, backend, need_rating)
+        raw.source = {
+            "kind": kind,
+            "name": p.stem if kind == "zip" else p.name,
+            "path": str(p.resolve()),
+            "file": str(table_file.relative_to(p)) if kind == "folder" else table_file.name,
+            "sha256": digest.result(),
+            **raw.source,
+        }
+    return raw

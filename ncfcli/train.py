@@ -1,0 +1,740 @@
+"""Train an NCF model on a prepared dataset: `ncf train DATA_DIR [--out RUN_DIR]`.
+
+`train()` below is the whole recipe, top to bottom: device and process group, data on the
+device, model and Adam, then per epoch: fresh negatives (ncfcli.data.batches), the steps, HR@10
+and NDCG@10 on the test set, and a checkpoint. Nothing hides in callbacks.
+
+Defaults per dataset size (any flag overrides; docs/training-defaults.md has the tuning runs):
+
+    training positives    < 200k (ml-100k)     200k - 5M (ml-1m)        >= 5M (ml-20m)
+    model                 neumf 32 f, 64-32-16  neumf 64 f, 128-64-32    neumf 64 f, 256-256-128-64
+    dropout               0.0                   0.0                      0.5
+    batch (global)        2^14                  2^16                     2^20
+    lr / beta1 / beta2    0.006 / .9 / .999     0.004 / .9 / .999        0.0045 / .25 / .5
+    negatives / epochs    8 / 8                 4 / 20                   4 / 30
+    l2 on embeddings      0                     0                        0
+
+The ml-100k column was tuned on real MovieLens-100K on a 2-core CPU (HR@10 0.691, NDCG@10
+0.410 in about 10.5 s with the current `ncf prepare` split; runs in the docs);
+ml-20m is NVIDIA's reference setting; ml-1m sits between, following the NCF paper's sizes, and
+is untuned here. The reported metrics are the best epoch's (by HR@10, then NDCG@10).
+
+Scaling across ranks (`--scaling`):
+
+- strong (default, NVIDIA's): `--batch-size` is the global batch, each rank takes
+  batch_size // world_size, and the learning rate is unchanged.
+- weak: `--batch-size` is each rank's batch, so the global batch is batch_size * world_size.
+  Adam's learning rate follows the square-root rule (Malladi et al., 2022, "On the SDEs and
+  scaling rules for adaptive gradient algorithms"): lr * sqrt(world_size), reached by a linear
+  ramp from lr over the first `--warmup-epochs` (default 1 when world_size > 1, else 0).
+
+Seeds: the model is initialised from `seed`; each epoch's negatives and order come from
+(seed, epoch[, rank]) (see batches.py), and dropout from (seed, epoch, rank), so an epoch is
+reproducible from the seed alone and a checkpoint resumes on any world size. On the CPU one
+seed gives the same bytes; a resumed run equals an uninterrupted one.
+
+Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
+every optimizer step and stop if they differ.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ncfcli import checkpoint as ckpt
+from ncfcli import distributed as dist_env
+from ncfcli.backend import Backend, get_backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import PreparedData, load_prepared
+from ncfcli.distributed import DistEnv
+from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_write_text
+from ncfcli.metrics import TIE_RULE, metric_sums, sampled_ranks, sums_to_metrics
+from ncfcli.model import KINDS, ModelConfig, build_model, count_parameters
+
+KS = (10,)
+AMP_DTYPES = ("auto", "bf16", "fp16")
+SCALINGS = ("strong", "weak")
+LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
+ARCH_FIELDS = ("model", "factors", "layers", "dropout")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Options of `ncf train`; None means "not given": the dataset-size default, or on --resume
+    the run's own value."""
+
+    data_dir: str  # prepared dataset directory (from `ncf prepare`)
+    out: str | None = None  # run directory; default runs/<dataset>-<timestamp>
+    resume: bool = False  # continue the run in --out from its last checkpoint
+    device: str = "auto"  # auto | cpu | cuda
+    epochs: int | None = None  # total epochs of the run (a resumed run trains the missing ones)
+    batch_size: int | None = None  # global batch (strong scaling) or per-rank batch (weak)
+    lr: float | None = None  # Adam learning rate (the single-rank rate under weak scaling)
+    beta1: float | None = None  # Adam beta1
+    beta2: float | None = None  # Adam beta2
+    eps: float | None = None  # Adam epsilon
+    l2: float | None = None  # L2 penalty on the embeddings of each batch's rows (0 = off)
+    model: str | None = None  # neumf | gmf | mlp | mf
+    factors: int | None = None  # GMF / MF embedding width
+    layers: tuple[int, ...] | None = None  # MLP sizes; the first is 2 x the MLP embedding width
+    dropout: float | None = None  # dropout after each MLP hidden layer
+    neg_per_pos: int | None = None  # training negatives drawn per positive each epoch
+    approx_negatives: bool | None = None  # NVIDIA's unverified negatives (may hit positives)
+    seed: int | None = None  # seeds the model, the negatives, the order and dropout
+    target_hr: float | None = None  # stop once test HR@10 reaches this
+    amp: bool | None = None  # mixed precision (bf16 where supported, else fp16 + loss scaling)
+    amp_dtype: str | None = None  # auto | bf16 | fp16
+    tf32: bool | None = None  # TF32 matmuls on GPUs that have them
+    scaling: str | None = None  # strong (global batch fixed) | weak (per-rank batch fixed)
+    warmup_epochs: int | None = None  # epochs of linear lr ramp under weak scaling
+    eval_batch: int = 1 << 20  # most (user, item) rows scored at once in evaluation
+    keep_checkpoints: int = 3  # per-epoch checkpoints kept (last.pt and best.pt always kept)
+
+    def __post_init__(self) -> None:
+        checks: list[tuple[str, Any, bool, str]] = [
+            ("--epochs", self.epochs, self.epochs is None or self.epochs >= 1, ">= 1"),
+            (
+                "--batch-size",
+                self.batch_size,
+                self.batch_size is None or self.batch_size >= 1,
+                ">= 1",
+            ),
+            (
+                "--lr",
+                self.lr,
+                self.lr is None or (self.lr > 0 and math.isfinite(self.lr)),
+                "a finite number > 0",
+            ),
+            ("--beta1", self.beta1, self.beta1 is None or 0 <= self.beta1 < 1, "in [0, 1)"),
+            ("--beta2", self.beta2, self.beta2 is None or 0 <= self.beta2 < 1, "in [0, 1)"),
+            ("--eps", self.eps, self.eps is None or self.eps > 0, "> 0"),
+            ("--l2", self.l2, self.l2 is None or self.l2 >= 0, ">= 0"),
+            (
+                "--model",
+                self.model,
+                self.model is None or self.model in KINDS,
+                "one of " + ", ".join(KINDS),
+            ),
+            ("--factors", self.factors, self.factors is None or self.factors >= 1, ">= 1"),
+            ("--dropout", self.dropout, self.dropout is None or 0 <= self.dropout < 1, "in [0, 1)"),
+            (
+                "--neg-per-pos",
+                self.neg_per_pos,
+                self.neg_per_pos is None or self.neg_per_pos >= 1,
+                ">= 1",
+            ),
+            (
+                "--target-hr",
+                self.target_hr,
+                self.target_hr is None or 0 < self.target_hr <= 1,
+                "in (0, 1]",
+            ),
+            (
+                "--amp-dtype",
+                self.amp_dtype,
+                self.amp_dtype is None or self.amp_dtype in AMP_DTYPES,
+                "one of " + ", ".join(AMP_DTYPES),
+            ),
+            (
+                "--scaling",
+                self.scaling,
+                self.scaling is None or self.scaling in SCALINGS,
+                "one of " + ", ".join(SCALINGS),
+            ),
+            (
+                "--warmup-epochs",
+                self.warmup_epochs,
+                self.warmup_epochs is None or self.warmup_epochs >= 0,
+                ">= 0",
+            ),
+            ("--eval-batch", self.eval_batch, self.eval_batch >= 1, ">= 1"),
+            ("--keep-checkpoints", self.keep_checkpoints, self.keep_checkpoints >= 1, ">= 1"),
+        ]
+        for flag, value, ok, rule in checks:
+            if not ok:
+                raise NcfError(f"{flag} must be {rule}, got {value!r}", exit_code=2)
+        if self.layers is not None:
+            if not self.layers or any(n < 1 for n in self.layers):
+                raise NcfError(f"--layers must be positive sizes, got {list(self.layers)}", 2)
+            if self.layers[0] % 2:
+                raise NcfError(f"--layers: the first size must be even, got {self.layers[0]}", 2)
+        if self.resume and self.out is None:
+            raise NcfError("--resume needs --out RUN_DIR, the run to continue", exit_code=2)
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """'256 256 128 64' or '256,256,128,64' -> (256, 256, 128, 64)."""
+    if text is None:
+        return None
+    words = text.replace(",", " ").split()
+    try:
+        return tuple(int(w) for w in words)
+    except ValueError:
+        raise NcfError(
+            f"--layers takes whole numbers like 256 256 128 64, got {text!r}", 2
+        ) from None
+
+
+def size_defaults(n_train: int) -> dict[str, Any]:
+    """The tuned defaults for a dataset of `n_train` training positives (table in the docstring)."""
+    base: dict[str, Any] = {
+        "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
+        "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
+        "model": "neumf", "target_hr": None,
+    }  # fmt: skip
+    if n_train < 200_000:
+        tier = {"epochs": 8, "batch_size": 1 << 14, "lr": 0.006, "beta1": 0.9, "beta2": 0.999,
+                "factors": 32, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 8}  # fmt: skip
+    elif n_train < 5_000_000:
+        tier = {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
+                "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}  # fmt: skip
+    else:
+        tier = {"epochs": 30, "batch_size": 1 << 20, "lr": 0.0045, "beta1": 0.25, "beta2": 0.5,
+                "factors": 64, "layers": (256, 256, 128, 64), "dropout": 0.5}  # fmt: skip
+    return {**base, **tier}
+
+
+def resolve(
+    cfg: TrainConfig, n_train: int, world_size: int, saved: dict[str, Any] | None
+) -> TrainConfig:
+    """Fill every None: from the resumed run's config when there is one, else the size defaults."""
+    fill = size_defaults(n_train) if saved is None else saved
+    if saved is not None:
+        for name in ARCH_FIELDS:
+            given, had = getattr(cfg, name), saved.get(name)
+            if name == "layers" and had is not None:
+                had = tuple(had)
+            if given is not None and given != had:
+                flag = "--model" if name == "model" else f"--{name}"
+                raise NcfError(
+                    f"{flag} {given!r} differs from the run being resumed ({had!r}); "
+                    "a resumed run keeps its architecture"
+                )
+    values: dict[str, Any] = {}
+    for f in fields(cfg):
+        if getattr(cfg, f.name) is None and f.name in fill:
+            v = fill[f.name]
+            values[f.name] = tuple(v) if f.name == "layers" and v is not None else v
+    out = replace(cfg, **values)
+    if out.warmup_epochs is None:
+        out = replace(out, warmup_epochs=1 if out.scaling == "weak" and world_size > 1 else 0)
+    return out
+
+
+def tunables(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved options saved in checkpoints (no paths, no device)."""
+    d = asdict(cfg)
+    for k in ("data_dir", "out", "resume", "device"):
+        d.pop(k)
+    d["layers"] = list(cfg.layers) if cfg.layers is not None else None
+    return d
+
+
+@dataclass
+class TrainResult:
+    run_dir: str
+    epochs: int  # epochs the run has completed
+    best_epoch: int
+    metrics: dict[str, float]  # the best epoch's hr@10 and ndcg@10
+    samples_per_second: float  # global training samples / training seconds (this invocation)
+    seconds: float  # wall time of this invocation
+    trained_epochs: int  # epochs trained by this invocation
+    stopped_early: bool
+    parameters: int
+    device: str
+    world_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "epochs": self.epochs,
+            "best_epoch": self.best_epoch,
+            "metrics": {k: self.metrics[k] for k in ("hr@10", "ndcg@10")},
+            "samples_per_second": self.samples_per_second,
+            "seconds": self.seconds,
+        }
+
+
+class _Interrupt:
+    """First Ctrl-C asks the loop to stop after the current step; a second one raises at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupt:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: keep Python's default
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _seed_for(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or type(e).__name__ == "OutOfMemoryError"
+
+
+def default_run_dir(data_dir: str) -> str:
+    return str(Path("runs") / f"{Path(data_dir).resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+class _CpuAdam:
+    """Adam for CPU runs without torch.optim: building any torch.optim optimizer imports
+    torch._dynamo, about 1.5 s, a tenth of ml-100k's whole budget. Same update (aten's fused Adam
+    kernel, as `torch.optim.Adam(fused=True)` runs) and the same state_dict layout, so a
+    checkpoint moves between CPU and GPU runs."""
+
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.param_groups: list[dict[str, Any]] = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0,
+                              "amsgrad": False, "maximize": False, "foreach": None,
+                              "capturable": False, "differentiable": False, "fused": True}]  # fmt: skip
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        g = self.param_groups[0]
+        live = [k for k, p in enumerate(self.params) if p.grad is not None]
+        pick = lambda xs: [xs[k] for k in live]  # noqa: E731
+        torch._foreach_add_(pick(self.steps), 1.0)
+        torch._fused_adam_(
+            pick(self.params), [self.params[k].grad for k in live], pick(self.exp_avg),
+            pick(self.exp_avg_sq), [], pick(self.steps), lr=float(g["lr"]), beta1=g["betas"][0],
+            beta2=g["betas"][1], weight_decay=0.0, eps=g["eps"], amsgrad=False, maximize=False,
+        )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: {"step": self.steps[k].clone(), "exp_avg": self.exp_avg[k].clone(),
+                     "exp_avg_sq": self.exp_avg_sq[k].clone()}
+                 for k in range(len(self.params)) if float(self.steps[k]) > 0}  # fmt: skip
+        return {
+            "state": state,
+            "param_groups": [{**self.param_groups[0], "params": list(range(len(self.params)))}],
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        group = dict(sd["param_groups"][0])
+        if len(group.get("params", [])) != len(self.params):
+            raise NcfError("the checkpoint's optimizer state does not match the model")
+        for key in ("lr", "betas", "eps"):
+            self.param_groups[0][key] = tuple(group[key]) if key == "betas" else group[key]
+        for k, st in sd["state"].items():
+            k = int(k)
+            self.steps[k] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(()).clone()
+            self.exp_avg[k].copy_(st["exp_avg"])
+            self.exp_avg_sq[k].copy_(st["exp_avg_sq"])
+
+
+def _evaluate(
+    model: torch.nn.Module,
+    eval_set: tuple[Any, Any, Any],
+    env: DistEnv,
+    max_rows: int,
+    amp_ctx: Any,
+) -> dict[str, float]:
+    """HR@10 / NDCG@10 of this rank's users, summed over ranks, then divided."""
+    users, test_items, test_negs = eval_set
+    was_training = model.training
+    model.eval()
+    with amp_ctx():
+        ranks = sampled_ranks(model, users, test_items, test_negs, max_rows=max_rows)
+    model.train(was_training)
+    sums = dist_env.all_reduce_sum(metric_sums(ranks, KS), env)
+    return sums_to_metrics(sums, KS)
+
+
+def _read(
+    acc: torch.Tensor, carried: torch.Tensor, stop: bool, env: DistEnv
+) -> tuple[float, float, bool]:
+    """(loss sum, samples, any rank asked to stop) over all ranks: the one host sync of a read."""
+    flag = torch.tensor([0.0, 0.0, 1.0 if stop else 0.0], dtype=acc.dtype, device=acc.device)
+    total = dist_env.all_reduce_sum(acc + flag, env).cpu() + carried
+    return float(total[0]), float(total[1]), bool(total[2] > 0)
+
+
+def _checksum(model: torch.nn.Module) -> torch.Tensor:
+    parts = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+             for p in model.parameters()]  # fmt: skip
+    return torch.cat(parts)
+
+
+def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
+    import torch.distributed as dist
+
+    mine = _checksum(model)
+    gathered = [torch.empty_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(gathered, mine)
+    for r, other in enumerate(gathered):
+        if not torch.equal(other, gathered[0]):
+            raise NcfError(
+                f"NCF_CHECK_SYNC: parameters of rank {r} differ from rank 0 after step {step}"
+            )
+
+
+def _save_curves(path: Path, history: list[dict[str, Any]]) -> None:
+    # Figure + the Agg canvas directly: pyplot's import alone costs ~0.5 s of a 15 s run.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ncfcli.fsutil import atomic_path
+
+    epochs = [h["epoch"] for h in history]
+    fig = Figure(figsize=(12, 3.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    for ax, key, title in zip(
+        axes, ("loss", "hr@10", "ndcg@10"), ("train loss", "HR@10", "NDCG@10"), strict=True
+    ):
+        ax.plot(epochs, [h[key] for h in history], marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+
+
+def _write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -> Path:
+    """checkpoints/last.pt, plus epoch_XXXX.pt as a hard link of it (one write, not two)."""
+    cdir = run / ckpt.CKPT_DIR
+    cdir.mkdir(parents=True, exist_ok=True)
+    last = cdir / ckpt.LAST
+    ckpt.save_checkpoint(last, state)
+    if state.get("step", 0):
+        return last  # a mid-epoch stop: only last.pt holds it
+    named = cdir / f"epoch_{epoch:04d}.pt"
+    tmp = named.with_name(f".{named.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(last, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(last, tmp)
+    os.replace(tmp, named)
+    for old in sorted(cdir.glob("epoch_*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return named
+
+
+def _write_metrics(run: Path, history: list[dict[str, Any]]) -> None:
+    atomic_write_text(run / ckpt.METRICS, "".join(json.dumps(h) + "\n" for h in history))
+
+
+def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) -> TrainResult:
+    """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress)."""
+    t_start = time.perf_counter()
+    env = env or dist_env.env_from_environ()
+    backend = get_backend(cfg.device, env.local_rank)
+    dist_env.init(env, backend.torch_device)
+    try:
+        return _train(cfg, progress, env, backend, t_start)
+    except Exception as e:
+        if _is_oom(e):
+            raise NcfError(
+                f"out of GPU memory on {backend.torch_device}: lower --batch-size, --eval-batch "
+                "or the model (--factors, --layers), or add --amp"
+            ) from None
+        raise
+    finally:
+        dist_env.shutdown(env)
+
+
+def _train(
+    cfg: TrainConfig, progress: Any, env: DistEnv, backend: Backend, t_start: float
+) -> TrainResult:
+    data = load_prepared(cfg.data_dir, backend)
+    n_train = int(data.train_users.shape[0])
+    run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
+
+    # ---- resume or start: the resolved config ------------------------------------------------
+    resumed: dict[str, Any] | None = None
+    if cfg.resume:
+        resumed = ckpt.load_checkpoint(ckpt.find_checkpoint(run_dir, "last"))
+        theirs = resumed["dataset"].get("fingerprint")
+        if theirs != data.fingerprint:
+            raise NcfError(
+                f"{run_dir} was trained on dataset {resumed['dataset'].get('path')} "
+                f"(fingerprint {theirs}), not {cfg.data_dir} (fingerprint {data.fingerprint}); "
+                "train it into a new --out"
+            )
+    elif env.is_main and ((run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists()):
+        raise NcfError(
+            f"{run_dir} already holds a run: add --resume to continue it, or pick another --out"
+        )
+    cfg = resolve(cfg, n_train, env.world_size, resumed["train_config"] if resumed else None)
+    assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
+    done = int(resumed["epoch"]) if resumed else 0
+    if resumed and done >= cfg.epochs and not resumed.get("step", 0):
+        raise NcfError(
+            f"{run_dir} has already trained {done} epochs; pass a larger --epochs to continue"
+        )
+    try:
+        model_cfg = ModelConfig(kind=cfg.model or "neumf", n_users=data.n_users, n_items=data.n_items,
+                                factors=cfg.factors or 1, layers=tuple(cfg.layers or (2,)),
+                                dropout=cfg.dropout or 0.0)  # fmt: skip
+    except ValueError as e:
+        raise NcfError(str(e), exit_code=2) from None
+
+    # ---- device setup --------------------------------------------------------------------------
+    device = torch.device(backend.torch_device)
+    if backend.is_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
+        torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
+    amp_dtype = None
+    if cfg.amp:
+        want = cfg.amp_dtype or "auto"
+        bf16_ok = (not backend.is_cuda) or torch.cuda.is_bf16_supported()
+        if want == "bf16" and not bf16_ok:
+            raise NcfError(
+                f"--amp-dtype bf16: {backend.describe()} has no bfloat16; use fp16 or auto"
+            )
+        amp_dtype = (
+            torch.float16 if want == "fp16" or (want == "auto" and not bf16_ok) else torch.bfloat16
+        )
+
+    def amp_ctx() -> Any:
+        return torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
+
+    torch.manual_seed(cfg.seed or 0)
+    model = build_model(model_cfg).to(device)
+    n_params = count_parameters(model)
+    betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    optimizer: Any
+    if backend.is_cuda or scaler.is_enabled():
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=betas, eps=float(cfg.eps or 1e-8),
+                                     fused=backend.is_cuda or None)  # fmt: skip
+    else:
+        optimizer = _CpuAdam(model.parameters(), lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    start_step = 0
+    partial = [0.0, 0.0]
+    if resumed:
+        model.load_state_dict(resumed["model"])
+        if "optimizer" in resumed:
+            optimizer.load_state_dict(resumed["optimizer"])
+        if resumed.get("scaler"):
+            scaler.load_state_dict(resumed["scaler"])
+        history = list(resumed.get("history") or [])
+        best = resumed.get("best")
+        same_layout = resumed.get("world_size") == env.world_size
+        if resumed.get("step", 0) and same_layout:
+            start_step = int(resumed["step"])
+            partial = [float(x) for x in resumed.get("partial_loss", [0.0, 0.0])]
+    ddp: torch.nn.Module = model
+    if env.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
+
+    # ---- data on the device --------------------------------------------------------------------
+    sampler = NegativeSampler(data, backend, cfg.neg_per_pos or 4, approx=bool(cfg.approx_negatives),
+                              seed=cfg.seed or 0, env=env)  # fmt: skip
+    local_batch = (
+        cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
+    )
+    lr_peak = cfg.lr * (math.sqrt(env.world_size) if cfg.scaling == "weak" else 1.0)
+    lo, hi = env.shard(data.n_users)
+    eval_set = (
+        torch.arange(lo, hi, device=device, dtype=torch.int32),
+        backend.to_torch(data.test_items)[lo:hi],
+        backend.to_torch(data.test_negatives)[lo:hi],
+    )
+
+    # ---- the run directory (rank 0 only) -------------------------------------------------------
+    dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
+                    "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    if env.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = {"model": model_cfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
+                  "world_size": env.world_size, "device": backend.describe(),
+                  "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
+        atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
+
+    def state(
+        epoch: int, step: int = 0, loss_sums: tuple[float, float] = (0.0, 0.0)
+    ) -> dict[str, Any]:
+        return {
+            "model_config": model_cfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
+            "epoch": epoch, "step": step, "partial_loss": list(loss_sums), "world_size": env.world_size,
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "torch_rng": torch.get_rng_state(), "history": history, "best": best,
+        }  # fmt: skip
+
+    # ---- the epochs ----------------------------------------------------------------------------
+    check_sync = env.enabled and os.environ.get("NCF_CHECK_SYNC") == "1"
+    train_seconds = 0.0
+    train_samples = 0
+    trained = 0
+    stopped_early = False
+    ddp.train()
+    with _Interrupt() as interrupt, progress if progress is not None else _NullProgress() as bar:
+        for epoch in range(done + 1, cfg.epochs + 1):
+            backend.synchronize()
+            t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
+            batches = sampler.epoch(epoch, local_batch)
+            n_steps = len(batches)
+            global_samples = batches.n_samples * env.world_size
+            first = start_step if epoch == done + 1 else 0
+            torch.manual_seed(_seed_for(cfg.seed or 0, epoch, env.rank))
+            if first and env.is_main and resumed and resumed.get("torch_rng") is not None:
+                torch.set_rng_state(resumed["torch_rng"])  # dropout continues mid-epoch exactly
+            task = bar.add_task(f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-",
+                                completed=min(global_samples, first * local_batch * env.world_size))  # fmt: skip
+            # Loss stays on the device; it is read (and reduced) a few times per epoch only.
+            acc = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, samples, stop flag
+            carried = torch.tensor([*(partial if first else [0.0, 0.0]), 0.0], dtype=torch.float64)
+
+            read_every = max(1, n_steps // LOSS_READS_PER_EPOCH)
+            warm_steps = (cfg.warmup_epochs or 0) * n_steps
+            step = first
+            users = items = labels = None  # bound even when a resume starts past the last step
+            for users, items, labels in batches.batches(first):
+                if warm_steps and lr_peak != cfg.lr:
+                    k = (epoch - 1) * n_steps + step
+                    lr_now = cfg.lr + (lr_peak - cfg.lr) * min(1.0, k / warm_steps)
+                    for g in optimizer.param_groups:
+                        g["lr"] = lr_now
+                with amp_ctx():
+                    logits = ddp(users, items)
+                    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+                    if cfg.l2:
+                        # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
+                        reg = (
+                            model.user_embed(users).square().sum()
+                            + model.item_embed(items).square().sum()
+                        )
+                        loss = loss + cfg.l2 * reg / labels.shape[0]
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+                step += 1
+                acc[0] += loss.detach() * labels.shape[0]
+                acc[1] += labels.shape[0]
+                if check_sync:
+                    _check_sync(model, env, step)
+                bar.advance(task, labels.shape[0] * env.world_size)
+                # One process stops on its own flag at once; several decide together at a read.
+                stop = interrupt.requested and not env.enabled
+                if step % read_every == 0 or step == n_steps or stop:
+                    loss_total, n_seen, stop = _read(acc, carried, interrupt.requested, env)
+                    mean = loss_total / max(n_seen, 1.0)
+                    if not math.isfinite(mean):
+                        last = run_dir / ckpt.CKPT_DIR / ckpt.LAST
+                        kept = (f"the last good checkpoint is {last} (epoch {done + trained})"
+                                if last.exists() else "no checkpoint was written")  # fmt: skip
+                        raise NcfError(
+                            f"the training loss became {mean} in epoch {epoch} (step {step}/{n_steps}); "
+                            f"stopped, {kept}; lower --lr" + (" or drop --amp" if amp_dtype else "")
+                        )
+                    bar.update(task, loss=f"{mean:.3f}")
+                if stop:
+                    path = run_dir / ckpt.CKPT_DIR / ckpt.LAST
+                    if env.is_main:
+                        mid = state(epoch - 1, step, (loss_total, n_seen))
+                        _write_checkpoint(run_dir, mid, epoch - 1, cfg.keep_checkpoints)
+                        if history:
+                            _save_curves(run_dir / ckpt.CURVES, history)
+                    raise NcfError(
+                        f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
+                        f"continue with --out {run_dir} --resume", exit_code=130,
+                    )  # fmt: skip
+            backend.synchronize()
+            seconds = time.perf_counter() - t0
+            train_seconds += seconds
+            done_samples = (n_steps - first) * local_batch * env.world_size
+            train_samples += min(done_samples, global_samples)
+            loss_total, n_seen, _ = _read(acc, carried, interrupt.requested, env)
+            epoch_loss = loss_total / max(n_seen, 1.0)
+
+            metrics = _evaluate(model, eval_set, env, cfg.eval_batch, amp_ctx)
+            trained += 1
+            record = {"epoch": epoch, "loss": epoch_loss, **metrics, "train_seconds": seconds,
+                      "samples_per_second": global_samples / max(seconds, 1e-9)}  # fmt: skip
+            history.append(record)
+            key = (metrics["hr@10"], metrics["ndcg@10"])
+            improved = best is None or key > (best["hr@10"], best["ndcg@10"])
+            if improved:
+                best = {"epoch": epoch, "hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]}
+            if env.is_main:
+                full = state(epoch)
+                _write_checkpoint(run_dir, full, epoch, cfg.keep_checkpoints)
+                if improved:
+                    ckpt.save_checkpoint(
+                        run_dir / ckpt.BEST, {k: v for k, v in full.items() if k != "optimizer"}
+                    )
+                _write_metrics(run_dir, history)
+            hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
+            desc = f"{epoch}/{cfg.epochs} HR {hr:.3f} NDCG {ndcg:.3f}"
+            bar.update(task, loss=f"{epoch_loss:.3f}", description=desc)
+            del batches, users, items, labels  # the views keep the epoch's arrays alive
+            if cfg.target_hr is not None and metrics["hr@10"] >= cfg.target_hr:
+                stopped_early = epoch < cfg.epochs
+                break
+
+    if env.is_main and history:
+        _save_curves(run_dir / ckpt.CURVES, history)
+    assert best is not None
+    return TrainResult(
+        run_dir=str(run_dir), epochs=len(history), best_epoch=int(best["epoch"]),
+        metrics={"hr@10": float(best["hr@10"]), "ndcg@10": float(best["ndcg@10"])},
+        samples_per_second=train_samples / max(train_seconds, 1e-9),
+        seconds=time.perf_counter() - t_start, trained_epochs=trained, stopped_early=stopped_early,
+        parameters=n_params, device=backend.describe(), world_size=env.world_size,
+    )  # fmt: skip
+
+
+class _NullProgress:
+    """Stands in for a Rich Progress when none is given (library use, tests)."""
+
+    def __enter__(self) -> _NullProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+__all__ = ["TrainConfig", "TrainResult", "train", "resolve", "size_defaults", "PreparedData"]

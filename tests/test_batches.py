@@ -1,0 +1,139 @@
+"""The device data path: verified negatives, zero-copy batches, seeding and rank shards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ncfcli.backend import get_backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import PreparedData, load_prepared
+from ncfcli.distributed import DistEnv
+from ncfcli.errors import NcfError
+
+CPU = get_backend("cpu")
+
+
+def _hand_made(pos: dict[int, list[int]], test: list[int], n_items: int) -> PreparedData:
+    users = np.array([u for u in sorted(pos) for _ in pos[u]], dtype=np.int32)
+    items = np.array([i for u in sorted(pos) for i in sorted(pos[u])], dtype=np.int32)
+    n_users = len(test)
+    meta = {"n_users": n_users, "n_items": n_items, "fingerprint": "hand"}
+    return PreparedData(
+        path=Path("hand-made"),
+        meta=meta,
+        train_users=users,
+        train_items=items,
+        test_items=np.array(test, dtype=np.int32),
+        test_negatives=np.zeros((n_users, 1), dtype=np.int32),
+    )
+
+
+def _epoch_arrays(sampler: NegativeSampler, epoch: int = 1) -> tuple[np.ndarray, ...]:
+    batches = sampler.epoch(epoch, 1000)
+    return tuple(np.asarray(a) for a in batches.arrays)
+
+
+def test_verified_negatives_are_never_positives_or_the_test_item(prepared_dir: Path) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, neg_per_pos=4, seed=3))
+    n = data.n_items
+    excluded = np.concatenate(
+        [
+            data.train_users.astype(np.int64) * n + data.train_items,
+            np.arange(data.n_users, dtype=np.int64) * n + data.test_items,
+        ]
+    )
+    keys = users.astype(np.int64) * n + items
+    neg = labels == 0
+    assert neg.sum() == 4 * data.train_users.size
+    assert not np.isin(keys[neg], excluded).any()
+    # The positives are exactly the training set, each once.
+    train_keys = data.train_users.astype(np.int64) * n + data.train_items
+    np.testing.assert_array_equal(np.sort(keys[~neg]), np.sort(train_keys))
+    # Each positive brings its negatives for the same user.
+    np.testing.assert_array_equal(
+        np.bincount(users[neg], minlength=data.n_users),
+        4 * np.bincount(data.train_users, minlength=data.n_users),
+    )
+
+
+def test_approx_negatives_are_unchecked(prepared_dir: Path) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, 4, approx=True, seed=3))
+    keys = users.astype(np.int64) * data.n_items + items
+    train_keys = data.train_users.astype(np.int64) * data.n_items + data.train_items
+    # ~7k positives in 300 x 250 (9% dense): uniform draws must hit some of them.
+    assert np.isin(keys[labels == 0], train_keys).sum() > 100
+
+
+def test_exact_draws_on_a_hand_made_table() -> None:
+    # user 0 may only get item 2; user 1 gets 2, 3 or 4 uniformly; user 2 gets anything but 4.
+    data = _hand_made({0: [0, 1, 3], 1: [0], 2: [4]}, test=[4, 1, 4], n_items=5)
+    users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, neg_per_pos=3000, seed=0))
+    neg = labels == 0
+    assert set(items[neg & (users == 0)]) == {2}
+    counts = np.bincount(items[neg & (users == 1)], minlength=5)
+    assert counts[0] == counts[1] == 0
+    assert np.all(np.abs(counts[2:] / 3000 - 1 / 3) < 0.04)
+    counts2 = np.bincount(items[neg & (users == 2)], minlength=5)
+    assert counts2[4] == 0 and np.all(np.abs(counts2[:4] / 3000 - 1 / 4) < 0.04)
+
+
+def test_a_user_with_every_item_is_refused_unless_approx() -> None:
+    data = _hand_made({0: [0, 1, 2], 1: [0]}, test=[3, 2], n_items=4)
+    with pytest.raises(NcfError, match="--approx-negatives"):
+        NegativeSampler(data, CPU, 4)
+    NegativeSampler(data, CPU, 4, approx=True).epoch(1, 8)
+
+
+def test_batches_are_zero_copy_views(prepared_dir: Path) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    batches = NegativeSampler(data, CPU, 4, seed=0).epoch(1, 256)
+    arrays = batches.arrays
+    for tensor, array in zip((batches.users, batches.items, batches.labels), arrays, strict=True):
+        assert tensor.data_ptr() == array.ctypes.data
+    u, i, y = list(batches.batches(2))[0]  # the third batch
+    assert u.data_ptr() == arrays[0].ctypes.data + 2 * 256 * 4
+    assert y.untyped_storage().data_ptr() == arrays[2].ctypes.data
+    sizes = [b[0].shape[0] for b in batches]
+    assert len(batches) == len(sizes) and sum(sizes) == batches.n_samples
+    assert sizes[:-1] == [256] * (len(sizes) - 1)
+
+
+def test_epochs_are_a_function_of_seed_and_epoch(prepared_dir: Path) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    a = _epoch_arrays(NegativeSampler(data, CPU, 4, seed=7), epoch=2)
+    b = _epoch_arrays(NegativeSampler(data, CPU, 4, seed=7), epoch=2)
+    c = _epoch_arrays(NegativeSampler(data, CPU, 4, seed=7), epoch=3)
+    for x, y in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert not np.array_equal(a[1], c[1])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rank_shards_are_disjoint_equal_and_move_every_epoch(
+    prepared_dir: Path, world: int
+) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    n_pos = int(data.train_users.size)
+    total = n_pos * 5
+    positives_by_epoch = []
+    for epoch in (1, 2):
+        seen = []
+        sizes = set()
+        for rank in range(world):
+            env = DistEnv(rank=rank, world_size=world, local_rank=rank)
+            sampler = NegativeSampler(data, CPU, 4, seed=1, env=env)
+            users, items, labels = _epoch_arrays(sampler, epoch)
+            sizes.add(users.size)
+            assert sampler.samples_per_epoch() == users.size
+            seen.append(users[labels == 1].astype(np.int64) * data.n_items + items[labels == 1])
+        assert sizes == {total // world}
+        merged = np.concatenate(seen)
+        assert np.unique(merged).size == merged.size  # no positive on two ranks
+        assert merged.size >= n_pos - (world - 1)
+        positives_by_epoch.append(np.sort(seen[0]))
+    assert not np.array_equal(positives_by_epoch[0], positives_by_epoch[1])

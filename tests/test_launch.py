@@ -1,0 +1,341 @@
+"""The multi-process launcher of `ncf train --nproc/--gpus`: `pytest tests/test_launch.py`.
+
+Launcher behaviour runs over a stand-in worker (tests/launch_worker.py, driven by
+tests/launch_driver.py); the end of the file runs the real `ncf train --nproc 2` on gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli import backend
+from ncfcli.cli import app
+from ncfcli.errors import NcfError
+from ncfcli.launch import (
+    LaunchPlan,
+    check_port_free,
+    free_port,
+    plan_launch,
+    should_launch,
+    strip_launch_args,
+)
+
+HERE = Path(__file__).parent
+DRIVER = HERE / "launch_driver.py"
+EPOCHS = 2
+TINY = [
+    "--factors",
+    "8",
+    "--layers",
+    "16",
+    "8",
+    "--batch-size",
+    "512",
+    "--lr",
+    "0.01",
+    "--seed",
+    "3",
+]
+
+
+# ---- options ------------------------------------------------------------------------------
+
+
+def test_strip_launch_args_removes_every_launch_option_and_device() -> None:
+    argv = ["DATA", "--nproc", "2", "--epochs", "3", "--master-port=29999", "--nnodes", "1",
+            "--node-rank=0", "--master-addr", "h0", "--device", "cuda", "--gpus", "4", "--amp"]  # fmt: skip
+    assert strip_launch_args(argv) == (["DATA", "--epochs", "3", "--amp"], "cuda")
+    assert strip_launch_args(["DATA", "--", "--nproc"]) == (["DATA", "--", "--nproc"], None)
+
+
+def test_plan_for_cpu_workers() -> None:
+    plan = plan_launch(["train", "DATA", "--nproc", "2", "--epochs", "1"], nproc=2, gpus=None)
+    assert plan.worker_args == ("DATA", "--epochs", "1", "--device", "cpu")
+    assert (plan.world_size, plan.nproc_per_node, plan.master_addr) == (2, 2, "127.0.0.1")
+    assert plan.threads == max(1, (len(os.sched_getaffinity(0))) // 2)
+    check_port_free(plan.master_port)  # an automatic port is free
+
+
+def test_worker_environment() -> None:
+    plan = LaunchPlan(nproc_per_node=4, nnodes=2, node_rank=1, master_addr="h0", master_port=29511,
+                      device="cuda", threads=3)  # fmt: skip
+    env = plan.worker_env(2, base={"PATH": "/bin"})
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS")} == {
+        "RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "29511", "OMP_NUM_THREADS": "3",
+    }  # fmt: skip
+    assert plan.worker_env(0, base={"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nproc": 2, "gpus": 2}, "--nproc and --gpus cannot be used together"),
+        ({"nproc": 0, "gpus": None}, "--nproc must be >= 1, got 0"),
+        ({"nproc": None, "gpus": 0}, "--gpus must be >= 1, got 0"),
+        ({"nproc": 2, "gpus": None, "nnodes": 0}, "--nnodes must be >= 1, got 0"),
+        ({"nproc": 2, "gpus": None, "nnodes": 2, "node_rank": 2, "master_addr": "h"},
+         "--node-rank must be in 0..1 for --nnodes 2, got 2"),
+        ({"nproc": 2, "gpus": None, "nnodes": 2, "node_rank": 1}, "--nnodes 2 needs --master-addr"),
+        ({"nproc": 2, "gpus": None, "master_port": 70000}, "--master-port must be in 1..65535, got 70000"),
+    ],
+)  # fmt: skip
+def test_bad_launch_options_are_one_line(kwargs: dict, message: str) -> None:
+    with pytest.raises(NcfError, match=message) as e:
+        plan_launch(["train", "DATA"], **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_nproc_with_a_gpu_device_is_refused() -> None:
+    with pytest.raises(NcfError, match="--nproc starts CPU workers but --device cuda was given"):
+        plan_launch(["train", "DATA", "--device", "cuda"], nproc=2, gpus=None)
+
+
+def test_port_in_use_is_one_line() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(NcfError, match=f"--master-port {port} is in use on this machine"):
+            plan_launch(["train", "DATA"], nproc=2, gpus=None, master_port=port)
+
+
+def test_free_port_is_bindable() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("", port))
+
+
+def test_should_launch() -> None:
+    assert should_launch(2, None, environ={})
+    assert should_launch(None, 1, environ={})  # so that --gpus 1 without a GPU is reported
+    assert should_launch(0, None, environ={})  # so that --nproc 0 is reported
+    assert not should_launch(None, None, environ={})
+    assert not should_launch(1, None, environ={})
+    assert not should_launch(2, None, environ={"WORLD_SIZE": "2"})  # torchrun already did it
+    assert not should_launch(2, None, environ={"SLURM_STEP_NUM_TASKS": "2"})  # srun did
+
+
+@pytest.mark.skipif(backend.cuda_available(), reason="needs a machine without CUDA")
+def test_gpus_without_cuda_is_one_line(prepared_dir: Path) -> None:
+    result = CliRunner().invoke(app, ["train", str(prepared_dir), "--gpus", "2"])
+    assert result.exit_code != 0
+    assert result.stderr.strip().splitlines() == [
+        "error: --gpus 2: no CUDA GPU is visible on this machine; use --nproc 2 to train with "
+        "CPU workers instead"
+    ]
+
+
+def test_port_in_use_through_the_command(prepared_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            app, ["train", str(prepared_dir), "--nproc", "2", "--master-port", str(port)]
+        )
+    assert result.exit_code != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --master-port {port} is in use")
+
+
+# ---- supervision, with a stand-in worker -------------------------------------------------
+
+
+def drive(
+    mode: str, tmp_path: Path, nproc: int = 2, grace: str = "1"
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NCF_LAUNCH_GRACE": grace}
+    env.pop("NCF_LAUNCH_VERBOSE", None)
+    return subprocess.run([sys.executable, str(DRIVER), str(nproc), mode, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+
+
+def test_workers_get_their_ranks_and_only_rank_0_is_shown(tmp_path: Path) -> None:
+    res = drive("env", tmp_path, nproc=3)
+    assert res.returncode == 0
+    envs = [json.loads((tmp_path / f"env{r}.json").read_text()) for r in range(3)]
+    assert [(e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "3"), ("1", "1", "3"), ("2", "2", "3")]  # fmt: skip
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+    assert res.stdout == "result of rank 0\n"
+    assert res.stderr == "progress of rank 0\n"
+
+
+def test_a_raising_worker_stops_the_others_with_its_error(tmp_path: Path) -> None:
+    res = drive("raise1", tmp_path)
+    assert res.returncode == 1
+    assert res.stderr == "error: rank 1 failed: RuntimeError: boom on rank 1\n"
+
+
+def test_a_worker_killed_by_a_signal(tmp_path: Path) -> None:
+    res = drive("kill1", tmp_path)
+    assert res.returncode == 1
+    assert res.stderr == "error: rank 1 failed: killed by SIGKILL\n"
+
+
+def test_no_hang_when_rank_0_never_returns_and_rank_1_fails(tmp_path: Path) -> None:
+    # rank 0 ignores SIGTERM: the launcher must SIGKILL it after the grace period
+    res = drive("hang0", tmp_path)
+    assert res.returncode == 1
+    assert res.stderr == "error: rank 1 failed: dataset /nope does not exist\n"
+
+
+def test_rank_0_error_is_reported_once_with_its_exit_code(tmp_path: Path) -> None:
+    res = drive("error0", tmp_path)
+    assert res.returncode == 2
+    assert res.stderr == "epoch 1/2 ...\nerror: rank 0 failed: --lr must be > 0, got -1\n"
+
+
+def test_a_rank_dying_between_collectives_is_named_not_its_peer(tmp_path: Path) -> None:
+    # rank 0 then fails in all_reduce ("Connection closed by peer"): a consequence, not the cause
+    res = drive("gloo", tmp_path)
+    assert res.returncode == 1
+    assert res.stderr == "error: rank 1 failed: ValueError: bad batch on rank 1\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_reaches_every_worker_once(tmp_path: Path, sig: int) -> None:
+    proc = subprocess.Popen([sys.executable, str(DRIVER), "2", "sigint", str(tmp_path)],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert err == "error: interrupted; checkpoint saved\n"  # rank 0's own message, once
+    assert (tmp_path / "interrupted0").exists() and (tmp_path / "interrupted1").exists()
+
+
+# ---- the real command on gloo ------------------------------------------------------------
+
+
+def ncf(*args: str, check_sync: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "NCF_DEVICE")}
+    # one thread per process, as the launcher gives each of 2 workers on 2 cores: the runs
+    # compare like for like, and a 2-thread single process does not fight the test's workers
+    env["OMP_NUM_THREADS"] = "1"
+    if check_sync:
+        env["NCF_CHECK_SYNC"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "ncfcli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def train_json(res: subprocess.CompletedProcess) -> dict:
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def runs(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The same 2-epoch training with 1 process and with 2 gloo workers (parameters checked
+    equal across ranks after every step)."""
+    base = tmp_path_factory.mktemp("runs")
+    out = {"one": base / "one", "two": base / "two"}
+    train_json(ncf("train", str(prepared_dir), "--out", str(out["one"]), "--epochs", str(EPOCHS), *TINY,
+                   "--device", "cpu", "--json", "-q"))  # fmt: skip
+    train_json(ncf("train", str(prepared_dir), "--out", str(out["two"]), "--epochs", str(EPOCHS), *TINY,
+                   "--nproc", "2", "--json", "-q", check_sync=True))  # fmt: skip
+    return out
+
+
+def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
+    one, two = history(runs["one"])[-1], history(runs["two"])[-1]
+    assert one["hr@10"] > 0.2 and two["hr@10"] > 0.2  # both learned (random is 10/101)
+    # Two ranks see the same samples in other batches, so the runs differ like two seeds do.
+    # With 300 test users one user is 0.0033 of HR and its standard error is about 0.028: the
+    # issue's 0.01 target is measured on ml-100k by benchmarks/bench_distributed.py; here a
+    # broken split (a rank seeing half the data, or duplicated shards) would show as a gap
+    # well beyond 0.03.
+    assert abs(two["hr@10"] - one["hr@10"]) <= 0.03, (one, two)
+
+
+def test_evaluation_split_over_ranks_equals_one_process(runs: dict[str, Path]) -> None:
+    # the 2-rank evaluation of the last epoch (sums reduced over ranks) against a 1-process
+    # evaluation of the very same weights
+    res = ncf("eval", str(runs["two"]), "--k", "10", "--json", "--device", "cpu")
+    assert res.returncode == 0, res.stderr
+    single = json.loads(res.stdout)["metrics"]
+    split = history(runs["two"])[-1]
+    assert single["hr@10"] == split["hr@10"]  # a count: exact
+    # NDCG sums floats: 150 + 150 terms added on two ranks, or 300 in one, may differ in the
+    # last bit (float addition is not associative); anything larger is a real difference
+    assert single["ndcg@10"] == pytest.approx(split["ndcg@10"], rel=1e-12, abs=0)
+
+
+@pytest.mark.parametrize(
+    ("first", "then"), [("two", ["--device", "cpu"]), ("one", ["--nproc", "2"])]
+)
+def test_resume_on_another_world_size(runs: dict[str, Path], tmp_path: Path, first: str,
+                                      then: list[str], prepared_dir: Path) -> None:  # fmt: skip
+    run = tmp_path / "run"
+    shutil.copytree(runs[first], run)
+    before = history(run)
+    out = train_json(ncf("train", str(prepared_dir), "--out", str(run), "--resume", "--epochs", str(EPOCHS + 1),
+                         *then, "--json", "-q"))  # fmt: skip
+    after = history(run)
+    assert out["epochs"] == EPOCHS + 1 and len(after) == EPOCHS + 1
+    assert after[:EPOCHS] == before  # the finished epochs are kept, not retrained
+    assert after[-1]["loss"] < before[-1]["loss"]  # it went on from the saved state
+    assert after[-1]["hr@10"] >= before[-1]["hr@10"] - 0.03
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
+def test_killed_worker_ends_the_real_run_with_its_error(prepared_dir: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+    env["NCF_LAUNCH_GRACE"] = "2"
+    proc = subprocess.Popen([sys.executable, "-m", "ncfcli", "train", str(prepared_dir), "--out",
+                             str(tmp_path / "run"), "--epochs", "200", *TINY, "--nproc", "2", "-q"],
+                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    try:
+        rank1 = None
+        deadline = time.monotonic() + 60
+        # rank 0 writes config.json once every rank has joined and loaded the data
+        while not (tmp_path / "run" / "config.json").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        rank1 = _child_with_rank(proc.pid, "1")
+        os.kill(rank1, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert err.strip().splitlines()[-1] == "error: rank 1 failed: killed by SIGKILL"
+
+
+def _child_with_rank(parent: int, rank: str) -> int:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no worker with RANK={rank} under {parent}")

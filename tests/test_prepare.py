@@ -1,0 +1,398 @@
+"""`ncf prepare` on hand-made files in every format: `pytest tests/test_prepare.py`.
+
+The hand-made data (raw ids; columns user, item, rating, timestamp):
+
+    user 1: items 10@100, 20@200, 30@200  -> test 30 (tie at 200: the seed-0 hash ranks 30 first)
+    user 2: items 10@50, 10@300, 40@100   -> (2,10) collapses, latest 300 -> test 10
+    user 3: item 20@10 only               -> dropped (--min-interactions 2)
+    user 4: items 50@5, 40@6              -> test 40
+
+Dense users 1,2,4 -> 0,1,2; items 10..50 -> 0..4.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.backend import get_backend
+from ncfcli.cli import app
+from ncfcli.data.dataset import load_id_maps, load_prepared, read_meta
+
+ROWS = [  # user, item, rating, timestamp
+    (1, 10, 5, 100),
+    (1, 20, 3, 200),
+    (1, 30, 4, 200),
+    (2, 10, 4, 50),
+    (2, 10, 2, 300),
+    (2, 40, 1, 100),
+    (3, 20, 5, 10),
+    (4, 50, 3, 5),
+    (4, 40, 3, 6),
+]
+TRAIN_USERS = [0, 0, 1, 2]
+TRAIN_ITEMS = [0, 1, 3, 4]
+TEST_ITEMS = [2, 0, 3]
+NAMES_U = {1: "alice", 2: "bob", 3: "carol", 4: "dave"}  # sorted like the numbers
+NAMES_I = {10: "i10", 20: "i20", 30: "i30", 40: "i40", 50: "i50"}
+
+
+def ncf(*args: object) -> object:
+    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
+
+
+def check_tiny(out: Path, user_ids: list, item_ids: list, negatives: int = 2) -> dict:
+    data = load_prepared(out, get_backend("cpu"))
+    assert data.train_users.tolist() == TRAIN_USERS
+    assert data.train_items.tolist() == TRAIN_ITEMS
+    assert data.test_items.tolist() == TEST_ITEMS
+    assert data.test_negatives.shape == (3, negatives)
+    # User 1 (dense 0) interacted with items 0,1,2: its only candidates are 3 and 4.
+    assert sorted(data.test_negatives[0].tolist()) == [3, 4]
+    users, items = load_id_maps(out)
+    assert users.tolist() == user_ids and items.tolist() == item_ids
+    meta = read_meta(out)
+    assert meta["dropped_users"] == 1 and meta["n_duplicates"] == 1
+    assert (meta["n_users"], meta["n_items"], meta["n_train"], meta["n_test"]) == (3, 5, 4, 3)
+    assert len(meta["source"]["sha256"]) == 64
+    return meta
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def udata(path: Path) -> Path:
+    return write_lines(path, ["\t".join(map(str, r)) for r in ROWS])
+
+
+@pytest.mark.parametrize("fmt", ["u.data", "ratings.dat", "ratings.csv", "parquet", "zip",
+                                 "folder", "headerless-positions"])  # fmt: skip
+def test_formats(tmp_path: Path, fmt: str) -> None:
+    out = tmp_path / "out"
+    if fmt == "u.data":
+        src = udata(tmp_path / "u.data")
+    elif fmt == "ratings.dat":
+        src = write_lines(tmp_path / "ratings.dat", ["::".join(map(str, r)) for r in ROWS])
+    elif fmt == "ratings.csv":
+        lines = ["userId,movieId,rating,timestamp"] + [",".join(map(str, r)) for r in ROWS]
+        src = write_lines(tmp_path / "ratings.csv", lines)
+    elif fmt == "parquet":
+        cols = list(zip(*ROWS, strict=True))
+        table = pa.table({"user_id": cols[0], "item_id": cols[1], "timestamp": cols[3]})
+        src = tmp_path / "events.parquet"
+        pq.write_table(table, src)
+    elif fmt == "zip":
+        src = tmp_path / "ml-tiny.zip"
+        with zipfile.ZipFile(src, "w") as zf:
+            zf.writestr("ml-tiny/README", "hello")
+            zf.writestr("ml-tiny/u.data", udata(tmp_path / "x").read_text())
+    elif fmt == "folder":
+        (tmp_path / "ml-tiny").mkdir()
+        udata(tmp_path / "ml-tiny" / "u.data")
+        (tmp_path / "ml-tiny" / "u.item").write_text("nothing")
+        src = tmp_path
+    else:  # no header, columns given by position: item first, time last
+        lines = [f"{i}|{u}|{t}" for u, i, _, t in ROWS]
+        src = write_lines(tmp_path / "events.psv", lines)
+        res = ncf(src, "--out", out, "--eval-negatives", 2, "--user-col", 1, "--item-col", 0,
+                  "--time-col", 2, "--sep", "|")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        check_tiny(out, [1, 2, 4], [10, 20, 30, 40, 50])
+        return
+    res = ncf(src, "--out", out, "--eval-negatives", 2)
+    assert res.exit_code == 0, res.output
+    check_tiny(out, [1, 2, 4], [10, 20, 30, 40, 50])
+
+
+def test_custom_csv_with_string_ids_and_sep(tmp_path: Path) -> None:
+    lines = ["when;who;what;stars"] + [f"{t};{NAMES_U[u]};{NAMES_I[i]};{r}" for u, i, r, t in ROWS]
+    src = write_lines(tmp_path / "log.txt", lines)
+    out = tmp_path / "out"
+    res = ncf(src, "--out", out, "--eval-negatives", 2, "--user-col", "who", "--item-col", "what",
+              "--time-col", "when", "--sep", ";")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    meta = check_tiny(out, ["alice", "bob", "dave"], ["i10", "i20", "i30", "i40", "i50"])
+    assert meta["source"]["columns"] == {"user": "who", "item": "what", "time": "when",
+                                         "rating": "stars"}  # fmt: skip
+
+
+def test_min_rating_and_min_interactions(tmp_path: Path) -> None:
+    src = udata(tmp_path / "u.data")
+    out = tmp_path / "out"
+    # Rated >= 3: user 1 keeps 10,20,30; user 2 keeps only 10@50 (dropped); 3 dropped; 4 keeps both.
+    res = ncf(src, "--out", out, "--eval-negatives", 1, "--min-rating", 3, "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert (got["n_users"], got["n_items"], got["n_train"]) == (2, 5, 3)
+    meta = read_meta(out)
+    assert meta["dropped_users"] == 2 and meta["n_below_min_rating"] == 2
+    assert meta["options"]["min_rating"] == 3
+    res = ncf(src, "--out", out, "--eval-negatives", 1, "--min-interactions", 1, "--json")
+    assert json.loads(res.stdout)["n_users"] == 4
+
+
+def test_json_output_is_one_object(tmp_path: Path) -> None:
+    res = ncf(udata(tmp_path / "u.data"), "--out", tmp_path / "o", "--eval-negatives", 2, "--json")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert set(got) == {"out", "n_users", "n_items", "n_train", "n_test", "eval_negatives",
+                        "seconds"}  # fmt: skip
+    assert got["out"] == str(tmp_path / "o") and got["eval_negatives"] == 2
+    assert isinstance(got["seconds"], float)
+
+
+def test_table_output(tmp_path: Path) -> None:
+    res = ncf(udata(tmp_path / "u.data"), "--out", tmp_path / "o", "--eval-negatives", 2)
+    assert res.exit_code == 0 and "n_users" in res.stdout and "dropped users" in res.stdout
+
+
+# ---- the protocol on bigger synthetic data --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def synthetic_dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    base = tmp_path_factory.mktemp("syn")
+    dirs = []
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+        res = ncf("synthetic", "--users", 400, "--items", 300, "--interactions", 12000,
+                  "--eval-negatives", 50, "--seed", seed, "--out", base / name)  # fmt: skip
+        assert res.exit_code == 0, res.output
+        dirs.append(base / name)
+    return dirs[0], dirs[1], dirs[2]
+
+
+def test_negatives_and_split_are_exact(synthetic_dirs: tuple[Path, Path, Path]) -> None:
+    from ncfcli.data.synthetic import SyntheticShape, generate
+
+    out = synthetic_dirs[0]
+    d = load_prepared(out, get_backend("cpu"))
+    raw = generate(SyntheticShape(400, 300, 12000), 3, with_rating=False)
+    users, items = load_id_maps(out)
+    # Reference in plain Python: per user, latest time per item, then (time, item) max.
+    latest: dict[tuple[int, int], int] = {}
+    for u, i, t in zip(raw["user"].tolist(), raw["item"].tolist(), raw["timestamp"].tolist(),
+                       strict=True):  # fmt: skip
+        latest[(u, i)] = max(latest.get((u, i), t), t)
+    per_user: dict[int, list[tuple[int, int]]] = {}
+    for (u, i), t in latest.items():
+        per_user.setdefault(u, []).append((t, i))
+    assert users.tolist() == sorted(per_user)
+    u_index = {u: k for k, u in enumerate(users.tolist())}
+    i_index = {i: k for k, i in enumerate(items.tolist())}
+    train = set(zip(d.train_users.tolist(), d.train_items.tolist(), strict=True))
+    assert len(train) == d.meta["n_train"] == len(latest) - len(per_user)
+    pairs = np.stack([d.train_users, d.train_items], axis=1)
+    assert (np.lexsort((pairs[:, 1], pairs[:, 0])) == np.arange(len(pairs))).all()
+    for u, events in per_user.items():
+        du = u_index[u]
+        test_item = i_index[max(events)[1]]
+        assert d.test_items[du] == test_item
+        positives = {i_index[i] for _, i in events}
+        negs = d.test_negatives[du].tolist()
+        assert len(set(negs)) == 50, "repeated negative"
+        assert not positives & set(negs), "a negative is a positive"
+        assert test_item not in negs
+        assert all(0 <= n < d.n_items for n in negs)
+        assert {(du, i) for i in positives - {test_item}} <= train
+
+
+def test_same_seed_same_bytes(synthetic_dirs: tuple[Path, Path, Path]) -> None:
+    a, b, c = synthetic_dirs
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        if name != "meta.json":
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    ma, mb = read_meta(a), read_meta(b)
+    ma.pop("created")
+    mb.pop("created")
+    assert ma == mb
+    assert (a / "test_negatives.npy").read_bytes() != (c / "test_negatives.npy").read_bytes()
+
+
+def test_row_order_does_not_matter(tmp_path: Path) -> None:
+    src1 = udata(tmp_path / "u.data")
+    (tmp_path / "x").mkdir()
+    src2 = write_lines(tmp_path / "x" / "u.data", ["\t".join(map(str, r)) for r in ROWS[::-1]])
+    for src, out in ((src1, "o1"), (src2, "o2")):
+        assert ncf(src, "--out", tmp_path / out, "--eval-negatives", 2).exit_code == 0
+    for name in ("train_users.npy", "train_items.npy", "test_items.npy", "test_negatives.npy"):
+        assert (tmp_path / "o1" / name).read_bytes() == (tmp_path / "o2" / name).read_bytes()
+
+
+def test_dedup_with_wide_timestamps(tmp_path: Path) -> None:
+    """Nanosecond-scale times cannot be packed beside the key: the scatter-max path runs."""
+    big = 4_000_000_000_000_000_000
+    lines = ["user,item,timestamp", f"1,1,{big}", "1,2,-5", f"1,2,{big + 7}", "1,3,0", "2,1,1",
+             "2,2,2", "2,4,-1"]  # fmt: skip
+    src = write_lines(tmp_path / "wide.csv", lines)
+    out = tmp_path / "o"
+    res = ncf(src, "--out", out, "--eval-negatives", 1)
+    assert res.exit_code == 0, res.output
+    d = load_prepared(out, get_backend("cpu"))
+    assert d.test_items.tolist() == [1, 1] and d.train_items.tolist() == [0, 2, 0, 3]
+    assert d.meta["n_duplicates"] == 1
+
+
+# ---- bad input: one line, non-zero exit, nothing left behind --------------------------------
+
+
+def expect_error(res: object, *fragments: str) -> str:
+    assert res.exit_code != 0
+    err = res.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    for f in fragments:
+        assert f in err, (f, err)
+    return err
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragments"),
+    [
+        ("ratings.csv", b"", ["is empty"]),
+        ("ratings.csv", b"userId,movieId,rating,timestamp\n", ["header row but no data rows"]),
+        ("data.csv", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["not a text table"]),
+        ("data.csv", bytes(range(128, 256)) * 4, ["not UTF-8"]),
+        ("data.csv", b"a,b,c\n1,2,3\n", ["no user column", "a, b, c", "--user-col"]),
+        ("data.csv", b"user,item,when\n1,2,3\n", ["no time column", "user, item, when"]),
+        ("ratings.csv", b"userId,movieId,rating,timestamp\n1,2,3,4\nx,2,3,4\n",
+         ["cannot parse", "'x'"]),
+        ("data.csv", b"user,item,timestamp\n1,2,soon\n2,3,later\n", ["unparsable", "soon"]),
+        ("u.data", b"1\t2\t3\n", ["cannot parse"]),
+        ("data.parquet", b"PAR1garbagePAR1", ["not a readable Parquet"]),
+    ],
+)  # fmt: skip
+def test_bad_files(tmp_path: Path, name: str, content: bytes, fragments: list[str]) -> None:
+    src = tmp_path / name
+    src.write_bytes(content)
+    out = tmp_path / "out"
+    expect_error(ncf(src, "--out", out, "--eval-negatives", 1), *fragments)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_misnamed_column_lists_columns(tmp_path: Path) -> None:
+    src = write_lines(tmp_path / "d.csv", ["uid,iid,ts", "1,2,3", "1,3,4"])
+    expect_error(ncf(src, "--user-col", "usr", "--out", tmp_path / "o"),
+                 "--user-col 'usr' is not a column", "uid, iid, ts")  # fmt: skip
+
+
+def test_missing_path_and_unknown_name(tmp_path: Path) -> None:
+    expect_error(ncf(tmp_path / "nope.csv"), "nope.csv", "ml-20m", "synthetic")
+
+
+def test_folder_without_ratings(tmp_path: Path) -> None:
+    (tmp_path / "movies.csv").write_text("id,title\n")
+    expect_error(ncf(tmp_path, "--out", tmp_path / "o"), "no ratings file", "movies.csv")
+
+
+def test_zip_slip_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "evil.zip"
+    with zipfile.ZipFile(src, "w") as zf:
+        zf.writestr("ml/u.data", "1\t1\t1\t1\n")
+        zf.writestr("../../escaped.txt", "gotcha")
+    out = tmp_path / "sub" / "o"
+    expect_error(ncf(src, "--out", out), "refusing", "../../escaped.txt")
+    assert not (tmp_path.parent / "escaped.txt").exists() and not out.exists()
+
+
+def test_zip_without_ratings(tmp_path: Path) -> None:
+    src = tmp_path / "x.zip"
+    with zipfile.ZipFile(src, "w") as zf:
+        zf.writestr("x/movies.csv", "a")
+    expect_error(ncf(src, "--out", tmp_path / "o"), "no ratings file in zip", "x/movies.csv")
+
+
+def test_too_few_items_names_user_and_fix(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    err = expect_error(ncf(udata(tmp_path / "u.data"), "--out", out, "--eval-negatives", 3),
+                       "user 1 ", "3 of the 5 items", "largest --eval-negatives that works is 2")  # fmt: skip
+    assert "--eval-negatives 3" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--eval-negatives", "0"], "--eval-negatives must be >= 1, got 0"),
+        (["--min-interactions", "0"], "--min-interactions must be >= 1, got 0"),
+        (["--users", "5"], "--users only apply to SOURCE synthetic"),
+        (["--min-rating", "9"], "keeps no interaction"),
+    ],
+)
+def test_bad_options(tmp_path: Path, args: list[str], fragment: str) -> None:
+    expect_error(ncf(udata(tmp_path / "u.data"), "--out", tmp_path / "o", *args), fragment)
+
+
+def test_synthetic_flags(tmp_path: Path) -> None:
+    expect_error(ncf("synthetic", "--sep", ",", "--out", tmp_path / "o"), "--sep do not apply")
+    expect_error(ncf("synthetic", "--preset", "ml-7m", "--out", tmp_path / "o"), "--preset")
+    expect_error(ncf("synthetic", "--users", 10, "--interactions", 5), "at least 2 x --users")
+
+
+def test_min_rating_needs_a_rating_column(tmp_path: Path) -> None:
+    src = write_lines(tmp_path / "d.csv", ["user,item,timestamp", "1,2,3"])
+    expect_error(ncf(src, "--min-rating", 3, "--out", tmp_path / "o"), "--rating-col")
+
+
+def test_cuda_without_gpu_is_one_line(tmp_path: Path) -> None:
+    from ncfcli.backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(app, ["prepare", str(udata(tmp_path / "u.data")), "--device", "cuda",
+                                   "--out", str(tmp_path / "o")])  # fmt: skip
+    expect_error(res, "--device cuda")
+    assert not (tmp_path / "o").exists()
+
+
+def test_default_out_is_in_cache(tmp_path: Path) -> None:
+    (tmp_path / "ml-x").mkdir()
+    src = udata(tmp_path / "ml-x" / "u.data")
+    res = ncf(src, "--cache-dir", tmp_path / "cache", "--eval-negatives", 2, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["out"] == str(tmp_path / "cache" / "ml-x")
+
+
+def test_ties_at_the_latest_time_follow_the_seeded_hash(tmp_path: Path) -> None:
+    """Many users rate 8 items in the same second: the pick is the documented hash's argmax,
+    it ignores row order, and it is not biased towards large (or small) item ids."""
+    from ncfcli.data.prepare import tie_priority
+
+    n_users, n_items = 200, 40
+    rows = []
+    for u in range(n_users):
+        rows.append((u, 0, 1))  # an early interaction, so every user keeps a training item
+        rows += [(u, 1 + (u + 3 * j) % (n_items - 1), 100) for j in range(8)]
+    lines = [f"{u}\t{i}\t5\t{t}" for u, i, t in rows]
+    shuffled = [lines[k] for k in np.random.default_rng(1).permutation(len(lines))]
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    assert (
+        ncf(write_lines(tmp_path / "u.data", lines), "--out", a, "--eval-negatives", 5).exit_code
+        == 0
+    )
+    (tmp_path / "s").mkdir()
+    shuffled_file = write_lines(tmp_path / "s" / "u.data", shuffled)
+    assert ncf(shuffled_file, "--out", b, "--eval-negatives", 5).exit_code == 0
+    got = load_prepared(a, get_backend("cpu")).test_items
+    assert got.tolist() == load_prepared(b, get_backend("cpu")).test_items.tolist()
+    for u in range(n_users):
+        tied = np.array([1 + (u + 3 * j) % (n_items - 1) for j in range(8)])
+        prio = tie_priority(np.full(8, u), tied, n_items, 0, np)
+        assert got[u] == tied[np.argmax(prio)]
+    largest = sum(int(got[u]) == max(1 + (u + 3 * j) % (n_items - 1) for j in range(8))
+                  for u in range(n_users))  # fmt: skip
+    assert 10 < largest < 50  # about 1 in 8 of 200 users, not all of them
+    c = tmp_path / "c"
+    assert ncf(write_lines(tmp_path / "u.data", lines), "--out", c, "--eval-negatives", 5,
+               "--seed", 7).exit_code == 0  # fmt: skip
+    assert load_prepared(c, get_backend("cpu")).test_items.tolist() != got.tolist()

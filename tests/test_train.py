@@ -1,0 +1,266 @@
+"""`ncf train` end to end on the tiny prepared dataset, through the real command."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ncfcli import train as train_mod
+from ncfcli.checkpoint import load_checkpoint, load_run
+from ncfcli.cli import app
+from tests.conftest import _tiny_prepared
+
+runner = CliRunner()
+# Small and quick: ~7k positives x 5 = ~33k samples an epoch, 8 steps of 4096.
+SMALL = ["--device", "cpu", "--factors", "8", "--layers", "16", "8", "--batch-size", "4096",
+         "--lr", "0.01", "--dropout", "0", "--seed", "3", "--neg-per-pos", "4"]  # fmt: skip
+
+
+def ncf(*args: Any) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def scores(run: Path) -> list[tuple[float, float, float]]:
+    return [(m["loss"], m["hr@10"], m["ndcg@10"]) for m in metrics(run)]
+
+
+def one_error_line(result: Any) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run4(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """4 uninterrupted epochs, shared by the tests that only read the run."""
+    run = tmp_path_factory.mktemp("runs") / "straight"
+    result = ncf("train", prepared_dir, "--out", run, "--epochs", 4, *SMALL, "--json")
+    assert result.exit_code == 0, result.output
+    return run, result
+
+
+def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
+    run, result = run4
+    out = json.loads(result.stdout)
+    assert set(out) == {
+        "run_dir",
+        "epochs",
+        "best_epoch",
+        "metrics",
+        "samples_per_second",
+        "seconds",
+    }
+    assert set(out["metrics"]) == {"hr@10", "ndcg@10"}
+    assert out["run_dir"] == str(run) and out["epochs"] == 4
+    history = metrics(run)
+    assert [m["epoch"] for m in history] == [1, 2, 3, 4]
+    assert history[-1]["loss"] < 0.8 * history[0]["loss"]
+    best = max(history, key=lambda m: (m["hr@10"], m["ndcg@10"]))
+    assert out["best_epoch"] == best["epoch"]
+    assert out["metrics"]["hr@10"] == pytest.approx(best["hr@10"])
+    assert out["metrics"]["hr@10"] > 0.3  # random ranking gives 10/101 = 0.099
+    assert 0 < out["metrics"]["ndcg@10"] <= out["metrics"]["hr@10"]
+    assert out["samples_per_second"] > 0 and out["seconds"] > 0
+
+
+def test_run_directory_follows_the_checkpoint_contract(run4: tuple[Path, Any]) -> None:
+    run, _ = run4
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["epoch_0002.pt", "epoch_0003.pt", "epoch_0004.pt", "last.pt"]  # keeps 3
+    for name in ("config.json", "best.pt", "metrics.jsonl", "curves.png"):
+        assert (run / name).is_file(), name
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["factors"] == 8 and config["model"]["layers"] == [16, 8]
+    assert config["train"]["batch_size"] == 4096 and config["train"]["neg_per_pos"] == 4
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert last["epoch"] == 4 and last["step"] == 0 and "optimizer" in last
+    assert len(last["history"]) == 4 and last["dataset"]["fingerprint"]
+    best = torch.load(run / "best.pt", weights_only=True)
+    assert "optimizer" not in best and best["epoch"] == best["best"]["epoch"]
+    loaded = load_run(run)
+    assert loaded.state["epoch"] == best["epoch"] and loaded.model_config.factors == 8
+
+
+def test_resume_equals_uninterrupted(
+    run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path
+) -> None:
+    straight, _ = run4
+    run = tmp_path / "resumed"
+    first = ncf("train", prepared_dir, "--out", run, "--epochs", 2, *SMALL, "--quiet")
+    assert first.exit_code == 0, first.output
+    # Flags not given again come from the run itself.
+    second = ncf(
+        "train", prepared_dir, "--out", run, "--resume", "--epochs", 4, "--device", "cpu", "-q"
+    )
+    assert second.exit_code == 0, second.output
+    assert scores(run) == scores(straight)
+
+
+def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
+    run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    straight, _ = run4
+    real = train_mod.F.binary_cross_entropy_with_logits
+    calls = {"n": 0}
+
+    def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 14:  # epoch 2, step 6 of 8
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    run = tmp_path / "stopped"
+    result = ncf("train", prepared_dir, "--out", run, "--epochs", 4, *SMALL)
+    assert result.exit_code == 130
+    line = one_error_line(result) if "━" not in result.output else result.output.splitlines()[-1]
+    assert "interrupted in epoch 2" in line and "--resume" in line
+    state = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert state["epoch"] == 1 and state["step"] == 6
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    again = ncf("train", prepared_dir, "--out", run, "--resume", "--device", "cpu", "-q")
+    assert again.exit_code == 0, again.output
+    assert scores(run) == scores(straight)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = train_mod.F.binary_cross_entropy_with_logits
+    calls = {"n": 0}
+
+    def nan_in_epoch_2(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["n"] += 1
+        out = real(*args, **kwargs)
+        return out * float("nan") if calls["n"] > 10 else out
+
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", nan_in_epoch_2)
+    run = tmp_path / "nan"
+    result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "-q")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "nan" in line and "epoch 2" in line and "lower --lr" in line
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
+    assert [m["epoch"] for m in metrics(run)] == [1]
+
+
+def test_out_of_memory_says_what_to_lower(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def oom(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", oom)
+    result = ncf("train", prepared_dir, "--out", tmp_path / "oom", *SMALL, "-q")
+    assert result.exit_code == 1
+    assert "--batch-size" in one_error_line(result)
+
+
+def test_resume_refuses_another_dataset(run4: tuple[Path, Any], tmp_path: Path) -> None:
+    other = _tiny_prepared(tmp_path / "other", seed=1)
+    result = ncf("train", other, "--out", run4[0], "--resume", "--epochs", 5, "--device", "cpu")
+    assert result.exit_code == 1
+    line = one_error_line(result)
+    assert "fingerprint" in line and "new --out" in line
+
+
+def test_an_existing_run_is_not_overwritten(run4: tuple[Path, Any], prepared_dir: Path) -> None:
+    result = ncf("train", prepared_dir, "--out", run4[0], *SMALL)
+    assert result.exit_code == 1 and "--resume" in one_error_line(result)
+    done = ncf("train", prepared_dir, "--out", run4[0], "--resume", "--device", "cpu")
+    assert done.exit_code == 1 and "larger --epochs" in one_error_line(done)
+
+
+def test_dataset_errors(tmp_path: Path, prepared_dir: Path) -> None:
+    missing = ncf("train", tmp_path / "nope", "--device", "cpu")
+    assert missing.exit_code == 1 and "does not exist" in one_error_line(missing)
+
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "meta.json").write_text("{not json")
+    result = ncf("train", corrupt, "--device", "cpu")
+    assert result.exit_code == 1 and "corrupt" in one_error_line(result)
+
+    future = tmp_path / "future"
+    future.mkdir()
+    meta = json.loads((prepared_dir / "meta.json").read_text())
+    (future / "meta.json").write_text(json.dumps({**meta, "format_version": 99}))
+    result = ncf("train", future, "--device", "cpu")
+    assert result.exit_code == 1 and "version 99" in one_error_line(result)
+
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    for f in prepared_dir.iterdir():
+        (truncated / f.name).write_bytes(f.read_bytes())
+    (truncated / "train_items.npy").write_bytes(b"\x93NUMPY garbage")
+    result = ncf("train", truncated, "--device", "cpu", "--out", tmp_path / "r")
+    assert result.exit_code == 1 and "train_items.npy" in one_error_line(result)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--neg-per-pos", "0"], "--neg-per-pos must be >= 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be >= 1"),
+        (["--lr", "-1"], "--lr must be"),
+        (["--beta2", "1"], "--beta2 must be in [0, 1)"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+        (["--model", "svd"], "--model must be one of neumf, gmf, mlp, mf"),
+        (["--layers", "63", "32"], "--layers: the first size must be even, got 63"),
+        (["--layers", "64,x"], "--layers takes whole numbers"),
+        (["--scaling", "huge"], "--scaling must be one of strong, weak"),
+        (["--amp-dtype", "fp8"], "--amp-dtype must be one of auto, bf16, fp16"),
+        (["--target-hr", "2"], "--target-hr must be in (0, 1]"),
+        (["--resume"], "--resume needs --out"),
+    ],
+)
+def test_bad_flags_name_the_flag(prepared_dir: Path, flags: list[str], message: str) -> None:
+    result = ncf("train", prepared_dir, "--device", "cpu", *flags)
+    assert result.exit_code == 2
+    assert message in one_error_line(result)
+
+
+def test_layers_before_the_data_dir_and_target_hr(prepared_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "early"
+    result = ncf("train", "--layers", "16", "8", prepared_dir, "--out", run, "--epochs", 6,
+                 *SMALL[:2], "--factors", "8", "--batch-size", "4096", "--lr", "0.01",
+                 "--target-hr", "0.2", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["epochs"] < 6  # stopped at the target
+    assert json.loads((run / "config.json").read_text())["model"]["layers"] == [16, 8]
+    assert metrics(run)[-1]["hr@10"] >= 0.2
+
+
+def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
+    torch.manual_seed(0)
+    ours_w = [torch.randn(7, 3, requires_grad=True), torch.randn(3, requires_grad=True)]
+    ref_w = [w.detach().clone().requires_grad_(True) for w in ours_w]
+    ours = train_mod._CpuAdam(ours_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
+    ref = torch.optim.Adam(ref_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
+    for step in range(4):
+        for opt, ws in ((ours, ours_w), (ref, ref_w)):
+            opt.zero_grad(set_to_none=True)
+            ((ws[0] @ ws[1]).sin().sum() * (step + 1)).backward()
+            opt.step()
+    for a, b in zip(ours_w, ref_w, strict=True):
+        torch.testing.assert_close(a, b)
+    # Checkpoints move between CPU (ours) and GPU (torch's) runs: each loads the other's state.
+    ref.load_state_dict(ours.state_dict())
+    again = train_mod._CpuAdam(ours_w, lr=0.5, betas=(0.9, 0.9), eps=1.0)
+    again.load_state_dict(ref.state_dict())
+    assert again.param_groups[0]["lr"] == 0.01 and float(again.steps[0]) == 4
+    torch.testing.assert_close(again.exp_avg_sq[1], ref.state[ref_w[1]]["exp_avg_sq"])
