@@ -1,20 +1,28 @@
 """Training samples on the device, one epoch at a time: `python -m pytest tests/test_batches.py`.
 
-The prepared positives are loaded onto the device once (NumPy on the CPU, CuPy on a GPU). Each
-epoch is a fixed, reproducible function of (seed, epoch, rank, world size):
+The prepared positives are loaded onto the device once (NumPy on the CPU, CuPy on a GPU). An
+epoch is a fixed function of (seed, epoch) alone, the same for every world size and on every
+backend:
 
     sample ids   0 .. N-1, N = n_pos * (1 + neg_per_pos); id s < n_pos is positive s, and id
                  s >= n_pos is a negative paired with positive (s - n_pos) % n_pos (same user)
-    order        one permutation of the N ids from a generator seeded by [seed, epoch]: every
-                 rank draws the same one, so the ranks' shards are disjoint and together cover
-                 the epoch. The last N % world ids are dropped (at most world - 1 samples, other
-                 ones every epoch) so that every rank takes the same number of steps.
-    shard        rank r keeps order[env.shard(N - N % world)], already shuffled; positives move
-                 between ranks every epoch (NVIDIA's stay on one GPU for the whole run)
-    negatives    items drawn for this rank's negatives only, from a generator seeded by
-                 [seed, epoch, rank]
+    order        position p of the epoch holds sample id pi(p), where pi is a keyed bijection
+                 of [0, N): a 4-round Feistel network over the next power of 4, keyed by
+                 (seed, epoch), with cycle-walking back into [0, N). pi is evaluated pointwise,
+                 so a rank computes only its own positions: no rank materialises (or sorts)
+                 the whole epoch's permutation, and positives move between ranks every epoch
+                 (NVIDIA's stay on one GPU for the whole run).
+    steps        with a per-rank batch b and W ranks, global step t covers positions
+                 [t*b*W, (t+1)*b*W) and rank r takes the r-th b of them. The tail (fewer than
+                 b*W positions) is split evenly, dropping its last (tail % W) positions. So a
+                 global step trains on the same samples at any world size: 2 ranks of 2^19 do
+                 the same step as 1 rank of 2^20, up to the order floats are summed in.
+    negatives    the item of negative id k is drawn from the uniform number
+                 hash(seed, epoch, k) (a counter-based generator: splitmix64 of the id, salted),
+                 so it does not depend on which rank draws it, nor on NumPy vs CuPy: all of
+                 this is integer arithmetic and one float64 multiply, exact on both.
 
-So a resumed run needs no RNG state for its data: epoch e is rebuilt from the seed alone.
+A resumed run needs no RNG state for its data: epoch e is rebuilt from the seed alone.
 
 Verified negatives (the default) are drawn exactly, never by luck: for user u with E_u excluded
 items (the training positives and the held-out test item), sorted e_0 < e_1 < ..., we draw
@@ -24,26 +32,21 @@ over the global int64 keys u * n_items + (e_i - i) answers every draw at once. T
 rejection loop, so a user who rated 99% of the catalogue costs the same as any other.
 `approx=True` is NVIDIA's mode: items uniform over the whole catalogue, unchecked.
 
-Memory, in bytes per training sample of this rank (N samples), at the peak of an epoch build:
+Memory, in bytes per training sample of this rank (n = N / W samples):
 
     epoch arrays kept for training   users int32 4 + items int32 4 + labels float32 4 = 12
-    permutation (this rank's slice)  int64 8, freed once the epoch is built
-    negatives by sample id           int32 4 + a bool mask 1 per negative (0.8 of the samples
-                                     at 4 negatives), freed once the epoch is built
-    per-chunk temporaries            bounded by CHUNK = 2^24 samples (about 0.7 GB), not by N
+    per-chunk temporaries            bounded by CHUNK = 2^24 samples (about 1 GB), not by n
 
 plus, resident for the whole run, the positives (8 B each) and the exclusion keys (8 B per
-positive and per user). On a GPU, drawing the permutation briefly needs about 32 B per sample of
-the whole epoch (CuPy ranks random float64 keys: keys, indices and the sort's buffers) before any
-other epoch array exists. train.py drops the previous epoch before building the next.
+positive and per user). train.py drops the previous epoch before building the next.
 
-ml-20m (19.86M positives, 4 negatives, N = 99.3M, one GPU): epoch build 99.3M x (12 + 8 + 4.0)
-= 2.4 GB + 0.7 GB of chunk temporaries; the permutation peak 99.3M x 32 = 3.2 GB; 0.32 GB
-resident. So the data path never holds more than about 3.5 GB, and 1.5 GB while training (the
-2^20-row batches are views of the epoch arrays and cost nothing more). NeuMF at NVIDIA's size
-(31.8M parameters; weights, gradients and Adam state 0.5 GB) and its activations at a 2^20
-batch take roughly 6 GB, so the run peaks near 10 GB, inside a 16 GB GPU. NVIDIA needed 10 GB
-for the same batch with unverified negatives.
+ml-20m (19.86M positives, 4 negatives, N = 99.3M, one GPU): the epoch arrays take
+99.3M x 12 B = 1.2 GB, the chunk temporaries at most about 1 GB and the resident keys 0.32 GB,
+so the data path peaks near 2.5 GB and holds 1.5 GB while training (the 2^20-row batches are
+views of the epoch arrays and cost nothing more). NeuMF at NVIDIA's size (31.8M parameters;
+weights, gradients and Adam state 0.5 GB) and its activations at a 2^20 batch take roughly
+6 GB, so a run peaks near 9 GB, inside a 16 GB GPU, with every negative verified. NVIDIA needed
+10 GB for the same batch with unverified negatives.
 """
 
 from __future__ import annotations
@@ -144,15 +147,14 @@ class NegativeSampler:
                 "negative exists for them; use --approx-negatives or drop those users"
             )
 
-    def _draw_items(self, rng: Any, users: Any) -> Any:
-        """int32 [m] negative items for users [m] (int32)."""
+    def _draw_items(self, uniform: Any, users: Any) -> Any:
+        """int32 [m] negative items for users [m] (int32), from uniform [m] float64 in [0, 1)."""
         xp = self.xp
-        m = int(users.shape[0])
         if self.approx:
-            return rng.integers(0, self.n_items, size=m, dtype=xp.int64).astype(xp.int32)
+            return xp.floor(uniform * self.n_items).astype(xp.int32)
         u = users.astype(xp.int64)
         allowed = self._allowed[u]
-        r = xp.floor(rng.random(m, dtype=xp.float64) * allowed).astype(xp.int64)
+        r = xp.floor(uniform * allowed).astype(xp.int64)
         r = xp.minimum(r, allowed - 1)  # guards the float edge r == allowed
         j = (
             xp.searchsorted(self._select_keys, u * self.n_items + r, side="right")
@@ -160,48 +162,125 @@ class NegativeSampler:
         )
         return (r + j).astype(xp.int32)
 
-    def samples_per_epoch(self) -> int:
-        """Samples this rank trains on per epoch."""
+    def positions(self, batch_size: int) -> tuple[int, int, int]:
+        """(full global steps, rank's tail size, global batch) for a per-rank batch_size."""
         total = self.n_pos * (1 + self.neg_per_pos)
-        start, end = self.env.shard(total - total % self.env.world_size)
-        return end - start
+        world = self.env.world_size
+        global_batch = batch_size * world
+        steps = total // global_batch
+        tail = (total - steps * global_batch) // world
+        return steps, tail, global_batch
+
+    def samples_per_epoch(self, batch_size: int) -> int:
+        """Samples this rank trains on per epoch with a per-rank batch of batch_size."""
+        steps, tail, _ = self.positions(batch_size)
+        return steps * batch_size + tail
+
+    def _rank_positions(self, start: int, stop: int, batch_size: int) -> Any:
+        """int64 epoch positions of this rank's samples start..stop (in its own step order)."""
+        xp = self.xp
+        steps, tail, global_batch = self.positions(batch_size)
+        local = xp.arange(start, stop, dtype=xp.int64)
+        step, within = local // batch_size, local % batch_size
+        full = step * global_batch + self.env.rank * batch_size + within
+        # Beyond the full steps: this rank's even share of the tail.
+        in_tail = local - steps * batch_size
+        tail_pos = steps * global_batch + self.env.rank * tail + in_tail
+        return xp.where(step < steps, full, tail_pos)
 
     def epoch(self, epoch: int, batch_size: int) -> EpochBatches:
-        """This rank's shuffled samples for `epoch`, cut into batches of `batch_size`."""
-        xp, be, env = self.xp, self.backend, self.env
+        """This rank's shuffled samples for `epoch`, cut into batches of `batch_size` (per rank)."""
+        xp, be = self.xp, self.backend
         n_pos = self.n_pos
         total = n_pos * (1 + self.neg_per_pos)
-        order = be.permutation(be.rng([self.seed, epoch]), total)
-        start, end = env.shard(total - total % env.world_size)
-        mine = order if end - start == total else order[start:end].copy()
-        del order
-        n = end - start
-        # Draw this rank's negatives in sample-id order (users ascending), not shuffled order:
-        # sorted needles make searchsorted several times faster on the CPU.
-        n_neg = total - n_pos
-        mine_neg = xp.zeros(n_neg, dtype=xp.bool_)
-        for s in range(0, n, CHUNK):
-            ids = mine[s : s + CHUNK]
-            mine_neg[ids[ids >= n_pos] - n_pos] = True
-        neg_items = xp.empty(n_neg, dtype=xp.int32)  # indexed by id - n_pos; ours filled
-        rng = be.rng([self.seed, epoch, env.rank])
-        for s in range(0, n_neg, CHUNK):
-            ids = xp.nonzero(mine_neg[s : s + CHUNK])[0] + s
-            if ids.shape[0]:
-                neg_items[ids] = self._draw_items(rng, self.pos_users[ids % n_pos])
-        del mine_neg
+        n = self.samples_per_epoch(batch_size)
+        perm = KeyedPermutation(total, _salt(self.seed, epoch, 0), xp)
+        neg_salt = _salt(self.seed, epoch, 1)
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)
         for s in range(0, n, CHUNK):
-            ids = mine[s : s + CHUNK]
+            ids = perm(self._rank_positions(s, min(n, s + CHUNK), batch_size))
             neg = ids >= n_pos
-            users[s : s + CHUNK] = self.pos_users[ids % n_pos]
-            items[s : s + CHUNK] = xp.where(
-                neg, neg_items[xp.maximum(ids - n_pos, 0)], self.pos_items[ids % n_pos]
-            )
+            pair = ids % n_pos  # the positive a negative is paired with (its user)
+            u = self.pos_users[pair]
+            it = self.pos_items[pair]
+            neg_ids = xp.nonzero(neg)[0]
+            if neg_ids.shape[0]:
+                uniform = counter_uniform(ids[neg_ids] - n_pos, neg_salt, xp)
+                it[neg_ids] = self._draw_items(uniform, u[neg_ids])
+            users[s : s + CHUNK] = u
+            items[s : s + CHUNK] = it
             labels[s : s + CHUNK] = 1.0 - neg.astype(xp.float32)
-        del mine, neg_items
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
         return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels))
+
+
+# ---- counter-based randomness: the same numbers on every rank and backend ----------------------
+
+_MASK64 = (1 << 64) - 1
+
+
+def _salt(seed: int, epoch: int, stream: int) -> int:
+    """A 64-bit key for (seed, epoch, stream), mixed on the host."""
+    x = (
+        seed * 0x9E3779B97F4A7C15 + epoch * 0xC2B2AE3D27D4EB4F + stream * 0x165667B19E3779F9
+    ) & _MASK64
+    for _ in range(2):
+        x ^= x >> 31
+        x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+        x ^= x >> 29
+    return x
+
+
+def mix64(x: Any, xp: Any) -> Any:
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic, identical on NumPy/CuPy)."""
+    x = x ^ (x >> xp.uint64(30))
+    x = x * xp.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> xp.uint64(27))
+    x = x * xp.uint64(0x94D049BB133111EB)
+    return x ^ (x >> xp.uint64(31))
+
+
+def counter_uniform(counter: Any, salt: int, xp: Any) -> Any:
+    """float64 in [0, 1) for each int64 counter: splitmix64 of the salted counter, top 53 bits."""
+    h = mix64(counter.astype(xp.uint64) * xp.uint64(0x9E3779B97F4A7C15) + xp.uint64(salt), xp)
+    return (h >> xp.uint64(11)).astype(xp.float64) * (1.0 / (1 << 53))
+
+
+class KeyedPermutation:
+    """A bijection of [0, n) keyed by `salt`, evaluated pointwise (no array of size n).
+
+    A balanced Feistel network permutes [0, 4^h) for the smallest 4^h >= n (so at most 4n);
+    values that land outside [0, n) are sent through again ("cycle walking"), which keeps the
+    map a bijection of [0, n). On average fewer than 4 passes, over ever fewer elements.
+    """
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, salt: int, xp: Any) -> None:
+        self.n = n
+        self.xp = xp
+        self.half = max(1, ((max(n, 2) - 1).bit_length() + 1) // 2)
+        self.keys = [_salt(salt, r, 2) for r in range(self.ROUNDS)]
+
+    def _once(self, x: Any) -> Any:
+        xp = self.xp
+        half = xp.uint64(self.half)
+        mask = xp.uint64((1 << self.half) - 1)
+        left, right = x >> half, x & mask
+        for key in self.keys:
+            left, right = right, left ^ (mix64(right ^ xp.uint64(key), xp) & mask)
+        return (left << half) | right
+
+    def __call__(self, positions: Any) -> Any:
+        """int64 positions in [0, n) -> int64 sample ids in [0, n)."""
+        xp = self.xp
+        y = self._once(positions.astype(xp.uint64))
+        outside = xp.nonzero(y >= xp.uint64(self.n))[0]
+        while outside.shape[0]:
+            walked = self._once(y[outside])
+            y[outside] = walked
+            outside = outside[walked >= xp.uint64(self.n)]
+        return y.astype(xp.int64)
