@@ -92,12 +92,29 @@ def _cuda_init(device_index: int) -> None:
     except Exception:
         return
     rmm.reinitialize(pool_allocator=True, devices=device_index)
+    try:
+        rmm.statistics.enable_statistics()  # a peak-bytes counter for `ncf prepare`'s report
+    except Exception:
+        pass
     cp.cuda.set_allocator(rmm_cupy_allocator)
     if rmm_torch_allocator is not None:
         try:
             torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
         except RuntimeError:
             pass  # torch already allocated in this process: it keeps its own pool
+
+
+def _rmm_peak_bytes() -> int | None:
+    """RMM's peak bytes when RMM statistics are on (see _cuda_init), else None."""
+    if importlib.util.find_spec("rmm") is None:
+        return None
+    try:
+        import rmm
+
+        stats = rmm.statistics.get_statistics()
+    except Exception:
+        return None
+    return None if stats is None else int(stats.peak_bytes)
 
 
 @dataclass(frozen=True)
@@ -163,13 +180,21 @@ class Backend:
             _cupy().cuda.Device(self.device_index).synchronize()  # type: ignore[union-attr]
 
     def peak_memory_bytes(self) -> int | None:
-        """Peak device memory held by torch and the array pool, or None on the CPU."""
+        """Device memory high-water mark of this process, or None on the CPU.
+
+        torch's peak allocation plus the CuPy pool's size: the pool keeps freed blocks, so its
+        size is the most the array code held at once (with RMM's pool, RMM's own high-water).
+        """
         if not self.is_cuda:
             return None
         import torch
 
+        peak = int(torch.cuda.max_memory_allocated(self.device_index))
+        stats = _rmm_peak_bytes()
+        if stats is not None:
+            return peak + stats
         pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
-        return int(torch.cuda.max_memory_allocated(self.device_index)) + int(pool.total_bytes())
+        return peak + int(pool.total_bytes())
 
     def free_pool(self) -> None:
         if self.is_cuda:

@@ -124,7 +124,7 @@ def prepare(
         help="ml-100k|ml-1m|ml-10m|ml-20m|ml-25m, a zip/folder/CSV/TSV/Parquet path, or synthetic.",
     ),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Output folder [default: <cache dir>/<source name>]."
+        None, "--out", "-o", help="Output folder (default: <cache dir>/<source name>)."
     ),
     device: str = DeviceOpt,
     seed: int = typer.Option(0, "--seed", help="Seeds the negatives and synthetic data."),
@@ -180,8 +180,11 @@ def prepare(
         meta = run_prepare(config, backend, progress, quiet=quiet)
     seconds = round(time.perf_counter() - t0, 3)
     keys = ("n_users", "n_items", "n_train", "n_test", "eval_negatives")
+    peak = backend.peak_memory_bytes()  # None on the CPU
     if json_out:
-        print_json({"out": meta["out"], **{k: int(meta[k]) for k in keys}, "seconds": seconds})
+        extra = {} if peak is None else {"peak_gpu_bytes": peak}
+        print_json({"out": meta["out"], **{k: int(meta[k]) for k in keys}, "seconds": seconds,
+                    **extra})  # fmt: skip
         return
     rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
     rows += [(k, f"{meta[k]:,}") for k in keys]
@@ -191,6 +194,8 @@ def prepare(
         ("backend", backend.describe()),
         ("seconds", f"{seconds:.2f}"),
     ]
+    if peak is not None:
+        rows.append(("peak GPU memory", f"{peak / 2**30:.2f} GiB"))
     out_console().print(summary_table("ncf prepare", rows))
 
 

@@ -25,3 +25,16 @@ def _tiny_prepared(out: Path, n_users: int = 300, n_items: int = 250, seed: int 
 def prepared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny prepared dataset (300 users, 250 items, 100 eval negatives), shared read-only."""
     return _tiny_prepared(tmp_path_factory.mktemp("data") / "tiny")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` run where CuPy and torch see a GPU (the Docker image, a GPU box) and
+    are skipped, with the reason shown, everywhere else."""
+    from ncfcli import backend
+
+    if backend.cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU visible to CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
