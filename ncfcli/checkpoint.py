@@ -16,7 +16,7 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
     optimizer       optimizer state_dict (absent in best.pt)
     scaler          GradScaler state_dict or None
     torch_rng       torch CPU RNG state (uint8 tensor); training negatives need no saved
-                    state: each epoch's draws come from a generator seeded by (seed, epoch, rank)
+                    state: each epoch is a function of (seed, epoch) (see data/batches.py)
     history         list of per-epoch metric dicts
     best            {"epoch": int, "hr@10": float, "ndcg@10": float} or None
 

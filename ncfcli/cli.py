@@ -269,7 +269,7 @@ def export(
     ),
     json_out: bool = JsonOpt,
 ) -> None:
-    """Export a run to ONNX (input user, item int64 [batch]; output logit float32 [batch])."""
+    """Export a run to ONNX: inputs user, item (int64, any batch size), output logit (float32)."""
     from ncfcli.export import ExportConfig, run_export
     from ncfcli.ui import out_console, print_json, summary_table
 

@@ -221,7 +221,7 @@ def describe(
         "checkpoint": str(run.checkpoint_path),
         "epoch": run.state.get("epoch"),
         "dataset_fingerprint": run.dataset_fingerprint,
-        "source_dataset": str(data_meta.get("source", {})),
+        "source_dataset": data_meta.get("source", {}),
         "parity_max_abs_diff": {str(b): d for b, d in diffs.items()},
     }
 
