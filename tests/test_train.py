@@ -114,10 +114,12 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
     straight, _ = run4
     real = train_mod.F.binary_cross_entropy_with_logits
     calls = {"n": 0}
+    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
+    steps = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
 
     def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls["n"] += 1
-        if calls["n"] == 14:  # epoch 2, step 6 of 8
+        if calls["n"] == steps + 6:  # epoch 2, after its 5th step
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
@@ -128,7 +130,7 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
     line = one_error_line(result) if "━" not in result.output else result.output.splitlines()[-1]
     assert "interrupted in epoch 2" in line and "--resume" in line
     state = load_checkpoint(run / "checkpoints" / "last.pt")
-    assert state["epoch"] == 1 and state["step"] == 6
+    assert state["epoch"] == 1 and state["step"] == 6  # the 6th step finishes, then it stops
     monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
     again = ncf("train", prepared_dir, "--out", run, "--resume", "--device", "cpu", "-q")
     assert again.exit_code == 0, again.output
@@ -224,6 +226,7 @@ def test_dataset_errors(tmp_path: Path, prepared_dir: Path) -> None:
         (["--scaling", "huge"], "--scaling must be one of strong, weak"),
         (["--amp-dtype", "fp8"], "--amp-dtype must be one of auto, bf16, fp16"),
         (["--target-hr", "2"], "--target-hr must be in (0, 1]"),
+        (["--lr-decay", "step"], "--lr-decay must be one of none, linear, cosine"),
         (["--resume"], "--resume needs --out"),
     ],
 )
@@ -264,3 +267,42 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
     again.load_state_dict(ref.state_dict())
     assert again.param_groups[0]["lr"] == 0.01 and float(again.steps[0]) == 4
     torch.testing.assert_close(again.exp_avg_sq[1], ref.state[ref_w[1]]["exp_avg_sq"])
+
+
+def test_lr_decay_schedules_fall_from_the_lr_to_zero() -> None:
+    for kind in ("linear", "cosine"):
+        assert train_mod._decay(kind, 0.0) == pytest.approx(1.0)
+        assert train_mod._decay(kind, 0.5) == pytest.approx(0.5)
+        assert train_mod._decay(kind, 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert train_mod._decay("cosine", 0.25) > train_mod._decay("linear", 0.25)
+
+
+def test_lr_decay_run_resumes_exactly(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decayed lr is a function of the step, so a run stopped mid-epoch resumes exactly."""
+    flags = [*SMALL, "--lr-decay", "linear", "--epochs", 3, "-q"]
+    whole = ncf("train", prepared_dir, "--out", tmp_path / "whole", *flags)
+    assert whole.exit_code == 0, whole.output
+    real = train_mod.F.binary_cross_entropy_with_logits
+    calls = {"n": 0}
+    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
+    steps = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
+
+    def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == steps + 3:  # inside epoch 2
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    part = ncf("train", prepared_dir, "--out", tmp_path / "part", *flags)
+    assert part.exit_code == 130
+    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    rest = ncf(
+        "train", prepared_dir, "--out", tmp_path / "part", "--resume", "--device", "cpu", "-q"
+    )
+    assert rest.exit_code == 0, rest.output
+    assert scores(tmp_path / "part") == scores(tmp_path / "whole")
+    saved = json.loads((tmp_path / "part" / "config.json").read_text())["train"]
+    assert saved["lr_decay"] == "linear"

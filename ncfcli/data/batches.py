@@ -57,6 +57,7 @@ from typing import Any
 
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
+from ncfcli.data.xops import sorted_unique
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 
@@ -129,7 +130,7 @@ class NegativeSampler:
         n_items = self.n_items
         users = xp.concatenate([self.pos_users, xp.arange(data.n_users, dtype=xp.int32)])
         items = xp.concatenate([self.pos_items, data.test_items])
-        keys = xp.unique(users.astype(xp.int64) * n_items + items.astype(xp.int64))  # sorted
+        keys = sorted_unique(users.astype(xp.int64) * n_items + items.astype(xp.int64), xp)
         ex_users = keys // n_items
         ex_items = keys - ex_users * n_items
         counts = xp.bincount(ex_users, minlength=data.n_users)
@@ -140,7 +141,7 @@ class NegativeSampler:
         self._select_keys = ex_users * n_items + (ex_items - rank_in_user)
         self._offsets = offsets
         self._allowed = (n_items - counts).astype(xp.int64)  # [n_users] items a negative may be
-        full = int(xp.count_nonzero(self._allowed[xp.unique(self.pos_users)] == 0))
+        full = int(xp.count_nonzero(self._allowed[sorted_unique(self.pos_users, xp)] == 0))
         if full:
             raise NcfError(
                 f"{full} user(s) in {data.path} interacted with every item, so no verified "

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
+from ncfcli.data.xops import unique_inverse
 from ncfcli.errors import NcfError
 
 SYNTHETIC = "synthetic"
@@ -232,8 +233,8 @@ def _dense_codes(values: Any, backend: Backend) -> tuple[Any, Any]:
         rank = xp.cumsum(present) - 1
         uniques = xp.nonzero(present)[0] + base
         return rank[shifted], backend.to_numpy(uniques).astype(np.int64)
-    uniques, codes = xp.unique(values, return_inverse=True)
-    return codes.reshape(-1).astype(xp.int64), backend.to_numpy(uniques).astype(np.int64)
+    uniques, codes = unique_inverse(values, xp)
+    return codes, backend.to_numpy(uniques).astype(np.int64)
 
 
 def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:

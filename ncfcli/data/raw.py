@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend, frame_column_to_array, read_table_gpu
+from ncfcli.data.xops import unique_inverse
 from ncfcli.errors import NcfError
 
 # MovieLens ratings files, in the order a folder or zip is searched.
@@ -418,7 +419,7 @@ def _time_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
         values = arr.to_numpy(zero_copy_only=False)
         if not np.all(np.isfinite(values)):
             raise NcfError(f"{path}: time column {name!r} has non-finite values")
-        host = np.unique(values, return_inverse=True)[1].astype(np.int64)
+        host = unique_inverse(values, np)[1]
     else:
         sample = arr[0].as_py() if len(arr) else ""
         raise NcfError(

@@ -9,9 +9,9 @@ Dirichlet weights plus a small share of "anything popular" draws. Topic sizes ar
 heavy-tailed, so global item popularity is heavy-tailed too. A factorisation model recovers the
 topics; a popularity baseline cannot, which is what makes HR@10 on this data meaningful.
 
-Interactions are drawn with replacement, so a heavy user can draw the same item twice; `prepare`
-collapses such duplicates, so the prepared count is below `--interactions` (about 10% below for
-the ml-20m preset; the raw row count, and so the size of a written ratings.csv, is exact).
+Repeated (user, item) draws are replaced by fresh ones, so the data holds exactly
+`--interactions` distinct pairs, like a MovieLens ratings file: the ml-20m preset prepares to
+138,493 users and 20,000,263 - 138,493 = 19,861,770 training positives, as ml-20m does.
 
 Everything is NumPy on the host, whatever the device: the same seed gives the same raw data on
 every machine, and generating 20M rows takes a few seconds on two cores.
@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ncfcli.data.xops import sorted_unique
 from ncfcli.errors import NcfError
 
 
@@ -111,6 +113,43 @@ def _cover(gen: np.random.Generator, item: np.ndarray, counts: np.ndarray, n_ite
     item[second[clash]] = (item[first[clash]] + 1) % n_items
 
 
+def _distinct_pairs(
+    gen: np.random.Generator,
+    user: np.ndarray,
+    item: np.ndarray,
+    counts: np.ndarray,
+    n_items: int,
+    draw: Any,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Collapse repeated (user, item) draws and top each user up to its count with new draws,
+    so the data has exactly `counts.sum()` distinct pairs, like a real ratings file.
+
+    The top-ups come from the user's own mixture for a few rounds, then uniformly (a heavy user
+    near the 40%-of-items cap may have exhausted its topics). Dropping repeats keeps one copy of
+    each pair, so `_cover`'s guarantees (every item present, two items per user) survive.
+    """
+    n_users = len(counts)
+    base = sorted_unique(user.astype(np.int64) * n_items + item, np)  # the one big sort
+    have = np.bincount(base // n_items, minlength=n_users)
+    added = np.zeros(0, dtype=np.int64)  # sorted top-ups, small: checked per round, not base
+    for round_ in range(64):
+        need = counts - have
+        if not need.any():
+            break
+        extra_users = np.repeat(np.arange(n_users, dtype=np.int64), need)
+        extra = draw(extra_users) if round_ < 3 else gen.integers(0, n_items, len(extra_users))
+        cand = sorted_unique(extra_users * n_items + extra, np)
+        at = np.minimum(np.searchsorted(base, cand), len(base) - 1)
+        cand = cand[base[at] != cand]
+        if len(added):
+            at = np.minimum(np.searchsorted(added, cand), len(added) - 1)
+            cand = cand[added[at] != cand]
+        added = np.sort(np.concatenate([added, cand]))
+        have += np.bincount(cand // n_items, minlength=n_users)
+    keys = np.sort(np.concatenate([base, added]))
+    return (keys // n_items).astype(np.int32), (keys % n_items).astype(np.int32)
+
+
 def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict[str, np.ndarray]:
     """Raw interactions: user and item (1-based int32 ids, like MovieLens), timestamp, rating."""
     gen = np.random.default_rng([seed, 0x5EED])
@@ -130,21 +169,25 @@ def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict
     topic_p = topic_size / n_items  # a random global draw lands in a topic by its size
 
     counts = _per_user_counts(gen, shape)
-    user = np.repeat(np.arange(n_users, dtype=np.int32), counts)
-
     user_topics = gen.choice(n_topics, size=(n_users, 3), p=topic_p)
     mix = gen.dirichlet([0.6, 0.6, 0.6], n_users).cumsum(axis=1)
-    r = gen.random(n)
-    slot = (r > mix[user, 0]).astype(np.int64) + (r > mix[user, 1])
-    topic = user_topics.ravel()[user.astype(np.int64) * 3 + np.minimum(slot, 2)]
-    glob = gen.random(n) < GLOBAL_SHARE
-    topic[glob] = gen.choice(n_topics, int(glob.sum()), p=topic_p)
 
-    u = gen.random(n)
-    rank = (topic_size[topic] * (u * u)).astype(np.int64)  # u**GAMMA; a product is faster
-    item = by_topic[topic_start[topic] + rank].astype(np.int32)
-    del u, rank, topic, r, slot, glob
+    def draw(user: np.ndarray) -> np.ndarray:
+        """One item per row for these users, from each user's topic mixture (0-based)."""
+        m = len(user)
+        r = gen.random(m)
+        slot = (r > mix[user, 0]).astype(np.int64) + (r > mix[user, 1])
+        topic = user_topics.ravel()[user.astype(np.int64) * 3 + np.minimum(slot, 2)]
+        glob = gen.random(m) < GLOBAL_SHARE
+        topic[glob] = gen.choice(n_topics, int(glob.sum()), p=topic_p)
+        u = gen.random(m)
+        rank = (topic_size[topic] * (u * u)).astype(np.int64)  # u**GAMMA; a product is faster
+        return by_topic[topic_start[topic] + rank]
+
+    user = np.repeat(np.arange(n_users, dtype=np.int32), counts)
+    item = draw(user).astype(np.int32)
     _cover(gen, item, counts, n_items)
+    user, item = _distinct_pairs(gen, user, item, counts, n_items, draw)
 
     # Each user is active over a window of their own; the latest draw is their test item.
     span = np.minimum(gen.lognormal(17.0, 1.5, n_users), (_T1 - _T0) * 0.9).astype(np.int64)

@@ -1,0 +1,34 @@
+"""Array primitives the data modules share, for NumPy and CuPy alike (`xp` is either).
+
+`numpy.unique` became hash-based in NumPy 2.3 and is about 15x slower than sorting for int64
+keys (1M keys: 1.0 s against 0.07 s measured here on NumPy 2.4), and the data path calls it on
+tens of millions of keys; these sort-based versions give the same results on both backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def sorted_unique(a: Any, xp: Any) -> Any:
+    """The distinct values of a 1-D array, ascending (what `xp.unique(a)` returns)."""
+    s = xp.sort(a)
+    if s.shape[0] < 2:
+        return s
+    keep = xp.ones(s.shape[0], dtype=bool)
+    keep[1:] = s[1:] != s[:-1]
+    return s[keep]
+
+
+def unique_inverse(a: Any, xp: Any) -> tuple[Any, Any]:
+    """(distinct values ascending, int64 codes with uniques[codes] == a), like
+    `xp.unique(a, return_inverse=True)`."""
+    order = xp.argsort(a, kind="stable")
+    s = a[order]
+    new = xp.ones(s.shape[0], dtype=bool)
+    if s.shape[0] > 1:
+        new[1:] = s[1:] != s[:-1]
+    rank = xp.cumsum(new) - 1
+    codes = xp.empty(a.shape[0], dtype=xp.int64)
+    codes[order] = rank
+    return s[new], codes
