@@ -2,9 +2,10 @@
 
 Runs the real training loop (ncfcli.train.train: negatives drawn and verified each epoch,
 zero-copy batches, Adam, loss reads) on ml-100k-shaped synthetic data (943 users, 1682 items,
-99,057 positives, 4 negatives each) and prints samples/s per model and batch. The first row is
-RecBole's NeuMF run on MovieLens-100K (GMF 16 factors, MLP embeddings 32, layers 64-32-16, no
-dropout, batch 2048), which trained at 184k samples/s with 2 threads; the target is 5x that.
+99,057 positives, the size default of 8 negatives each) and prints samples/s per model and
+batch. The first row is RecBole's NeuMF run on MovieLens-100K (GMF 16 factors, MLP
+embeddings 32, layers 64-32-16, no dropout, batch 2048), which trained at 184k samples/s with
+2 threads; the target is 5x that.
 Samples/s counts each epoch's data build and excludes evaluation, as NVIDIA's figure does.
 Timings on a shared machine are noisy: run it twice and read the better figure.
 """

@@ -417,6 +417,10 @@ def train(
     warmup_epochs: int | None = _opt(
         "Epochs of lr warm-up under --scaling weak.", "--warmup-epochs"
     ),
+    lr_decay: str | None = _opt(
+        "none | linear | cosine: lr falls to 0 over the run (default: by dataset size).",
+        "--lr-decay",
+    ),
     eval_batch: int = typer.Option(
         1 << 20, "--eval-batch", help="Most (user, item) rows scored at once in evaluation."
     ),
@@ -460,6 +464,7 @@ def train(
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
+        lr_decay=lr_decay,
         eval_batch=eval_batch, keep_checkpoints=keep_checkpoints,
     )  # fmt: skip
     env = env_from_environ()

@@ -1,0 +1,78 @@
+"""The model's rewritten layers compute what the plain ones do: `python -m pytest tests/test_model.py`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ncfcli.checkpoint import model_from_checkpoint
+from ncfcli.model import ModelConfig, SplitLinear, build_model
+
+CASES = [
+    ("neumf", (16, 8, 4)),
+    ("neumf", (16,)),  # no hidden layer: the head reads the MLP embeddings
+    ("mlp", (16, 8)),
+    ("gmf", (16,)),
+    ("mf", (16,)),
+]
+
+
+def test_split_linear_is_linear_on_the_concatenation() -> None:
+    torch.manual_seed(0)
+    split = SplitLinear((3, 5), 4, nn.init.xavier_uniform_).double()
+    plain = nn.Linear(8, 4).double()
+    with torch.no_grad():
+        plain.weight.copy_(torch.cat(list(split.weights), dim=1))
+        plain.bias.copy_(split.bias)
+    a, b = torch.randn(6, 3, dtype=torch.double), torch.randn(6, 5, dtype=torch.double)
+    torch.testing.assert_close(split(a, b), plain(torch.cat([a, b], dim=1)))
+
+
+@pytest.mark.parametrize("batch", [7, 100])  # below and above the table-projection switch
+@pytest.mark.parametrize(("kind", "layers"), CASES)
+def test_training_path_equals_the_plain_path(
+    kind: str, layers: tuple[int, ...], batch: int
+) -> None:
+    """Train mode (projected first layer, scatter_add_ gathers) vs eval mode (nn.Embedding,
+    batch-wise first layer): same logits and same gradients for every parameter."""
+    torch.manual_seed(1)
+    cfg = ModelConfig(kind=kind, n_users=20, n_items=30, factors=6, layers=layers, dropout=0.0)
+    model = build_model(cfg).double()
+    users = torch.randint(0, 20, (batch,), dtype=torch.int32)
+    items = torch.randint(0, 30, (batch,), dtype=torch.int32)
+    results = []
+    for training in (True, False):
+        model.train(training)
+        model.zero_grad(set_to_none=True)
+        logits = model(users, items)
+        assert logits.shape == (batch,)
+        (logits * torch.linspace(-1, 1, batch, dtype=torch.double)).sum().backward()
+        results.append((logits.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for got, want in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_row_sq_sum_reads_every_table_row_of_the_batch() -> None:
+    model = build_model(ModelConfig(kind="neumf", n_users=4, n_items=5, factors=3, layers=(4, 2)))
+    users, items = torch.tensor([0, 2]), torch.tensor([1, 1])
+    want = sum(
+        t.weight[ids].square().sum()
+        for t, ids in (
+            (model.user_gmf, users),
+            (model.item_gmf, items),
+            (model.user_mlp, users),
+            (model.item_mlp, items),
+        )  # fmt: skip
+    )
+    torch.testing.assert_close(model.row_sq_sum(users, items), want)
+
+
+def test_state_dict_round_trips_through_a_checkpoint() -> None:
+    cfg = ModelConfig(kind="neumf", n_users=9, n_items=11, factors=4, layers=(8, 4))
+    model = build_model(cfg).eval()
+    state = {"model_config": cfg.to_dict(), "model": model.state_dict()}
+    again = model_from_checkpoint(state).eval()
+    users, items = torch.arange(9), torch.arange(9)
+    torch.testing.assert_close(again(users, items), model(users, items))
