@@ -36,10 +36,11 @@ Scaling across ranks (`--scaling`):
   scaling rules for adaptive gradient algorithms"): lr * sqrt(world_size), reached by a linear
   ramp from lr over the first `--warmup-epochs` (default 1 when world_size > 1, else 0).
 
-Seeds: the model is initialised from `seed`; each epoch's negatives and order come from
-(seed, epoch[, rank]) (see batches.py), and dropout from (seed, epoch, rank), so an epoch is
-reproducible from the seed alone and a checkpoint resumes on any world size. On the CPU one
-seed gives the same bytes; a resumed run equals an uninterrupted one.
+Seeds: the model is initialised from `seed`; each epoch's samples (order and negatives) are a
+function of (seed, epoch) alone, the same at any world size and on any backend (batches.py),
+and dropout comes from (seed, epoch, rank). So an epoch is reproducible from the seed alone and
+a checkpoint resumes on any world size. On the CPU one seed gives the same bytes; a resumed
+run equals an uninterrupted one.
 
 Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
 every optimizer step and stop if they differ.
