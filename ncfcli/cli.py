@@ -32,6 +32,11 @@ DeviceOpt = typer.Option(
     "auto", "--device", help="auto (GPU when CuPy sees one), cpu or cuda.", envvar="NCF_DEVICE"
 )
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout instead of tables.")
+BatchRowsOpt = typer.Option(
+    None,
+    "--batch-rows",
+    help="(user, item) pairs scored at once, the memory budget (2^20 on a GPU, 2^16 on a CPU).",
+)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -213,11 +218,7 @@ def eval_run(
     data: Path | None = typer.Option(
         None, "--data", help="Evaluate on this prepared dataset instead of the run's own."
     ),
-    batch_rows: int | None = typer.Option(
-        None,
-        "--batch-rows",
-        help="(user, item) pairs scored at once, the memory budget (2^20 on a GPU, 2^16 on a CPU).",
-    ),
+    batch_rows: int | None = BatchRowsOpt,
     device: str = DeviceOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -308,11 +309,7 @@ def recommend(
     data: Path | None = typer.Option(
         None, "--data", help="Prepared dataset for id maps and training items (default: the run's)."
     ),
-    batch_rows: int | None = typer.Option(
-        None,
-        "--batch-rows",
-        help="(user, item) pairs scored at once, the memory budget (2^20 on a GPU, 2^16 on a CPU).",
-    ),
+    batch_rows: int | None = BatchRowsOpt,
     device: str = DeviceOpt,
     json_out: bool = typer.Option(
         False, "--json", help="One JSON object per user per line: user, items, scores."

@@ -108,22 +108,29 @@ def test_resume_equals_uninterrupted(
     assert scores(run) == scores(straight)
 
 
-def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
-    run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    straight, _ = run4
+def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Make the loss send Ctrl-C at `step` (1-based) of epoch 2 of a SMALL run; returns the
+    real loss function, to put back before resuming."""
     real = train_mod.F.binary_cross_entropy_with_logits
-    calls = {"n": 0}
     n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
-    steps = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
+    per_epoch = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
+    calls = {"n": 0}
 
     def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls["n"] += 1
-        if calls["n"] == steps + 6:  # epoch 2, after its 5th step
+        if calls["n"] == per_epoch + step:
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    return real
+
+
+def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
+    run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    straight, _ = run4
+    real = ctrl_c_in_epoch_2(prepared_dir, 6, monkeypatch)  # after epoch 2's 5th step
     run = tmp_path / "stopped"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 4, *SMALL)
     assert result.exit_code == 130
@@ -284,18 +291,7 @@ def test_lr_decay_run_resumes_exactly(
     flags = [*SMALL, "--lr-decay", "linear", "--epochs", 3, "-q"]
     whole = ncf("train", prepared_dir, "--out", tmp_path / "whole", *flags)
     assert whole.exit_code == 0, whole.output
-    real = train_mod.F.binary_cross_entropy_with_logits
-    calls = {"n": 0}
-    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
-    steps = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
-
-    def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
-        calls["n"] += 1
-        if calls["n"] == steps + 3:  # inside epoch 2
-            signal.raise_signal(signal.SIGINT)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    real = ctrl_c_in_epoch_2(prepared_dir, 3, monkeypatch)
     part = ncf("train", prepared_dir, "--out", tmp_path / "part", *flags)
     assert part.exit_code == 130
     monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
