@@ -243,7 +243,8 @@ def read_table_gpu(path: str, fmt: str, **kwargs: Any) -> Any:
 
 def frame_column_to_array(backend: Backend, column: Any) -> Any:
     """A numeric frame column (pandas or cuDF Series) as a backend array without a copy where possible."""
-    if backend.is_cuda and _cudf() is not None and isinstance(column, _cudf().Series):
+    cudf = _cudf() if backend.is_cuda else None
+    if cudf is not None and isinstance(column, cudf.Series):
         return column.values
     if backend.is_cuda:
         return backend.xp.asarray(np.asarray(column))

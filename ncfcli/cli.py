@@ -91,14 +91,12 @@ def info(json_out: bool = JsonOpt) -> None:
 
     vers = backend.versions()
     cuda = backend.cuda_available()
-    data = {
+    cudf = cuda and backend.get_backend("cuda").frame_library == "cudf"
+    gpus = backend.gpu_names()
+    data: dict[str, Any] = {
         "versions": vers,
-        "backends": {
-            "cpu": True,
-            "cuda": cuda,
-            "cudf": cuda and backend.get_backend("cuda").frame_library == "cudf",
-        },
-        "gpus": backend.gpu_names(),
+        "backends": {"cpu": True, "cuda": cuda, "cudf": cudf},
+        "gpus": gpus,
     }
     try:
         import torch
@@ -114,8 +112,8 @@ def info(json_out: bool = JsonOpt) -> None:
     rows += [
         ("backend cpu", "yes (numpy + pandas/pyarrow)"),
         ("backend cuda", "yes" if cuda else "no (no GPU visible to CuPy)"),
-        ("cuDF reader", "yes" if data["backends"]["cudf"] else "no"),
-        ("GPUs", ", ".join(data["gpus"]) or "none"),
+        ("cuDF reader", "yes" if cudf else "no"),
+        ("GPUs", ", ".join(gpus) or "none"),
         ("torch CUDA", "yes" if data["torch_cuda"] else "no"),
     ]
     out_console().print(summary_table("ncf info", rows))

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -60,12 +61,12 @@ class DistEnv:
         return start, start + base + (1 if self.rank < extra else 0)
 
 
-def _int_env(environ: dict[str, str] | os._Environ[str], *names: str) -> int | None:
+def _int_env(environ: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = environ.get(name)
-        if value not in (None, ""):
+        if value is not None and value != "":
             try:
-                return int(value)  # type: ignore[arg-type]
+                return int(value)
             except ValueError:
                 raise NcfError(
                     f"environment variable {name} must be an integer, got {value!r}"
@@ -73,25 +74,25 @@ def _int_env(environ: dict[str, str] | os._Environ[str], *names: str) -> int | N
     return None
 
 
-def in_slurm_step(environ: dict[str, str] | None = None) -> bool:
+def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is a task of an `srun` step (not merely inside an allocation)."""
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    return environ.get("SLURM_STEP_NUM_TASKS") not in (None, "")
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return env.get("SLURM_STEP_NUM_TASKS") not in (None, "")
 
 
-def env_from_environ(environ: dict[str, str] | None = None) -> DistEnv:
+def env_from_environ(environ: Mapping[str, str] | None = None) -> DistEnv:
     """This process's rank, world size and local rank (see the module docstring for the sources)."""
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    if environ.get("WORLD_SIZE") not in (None, ""):
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if env.get("WORLD_SIZE") not in (None, ""):
         names = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
-    elif in_slurm_step(environ):
+    elif in_slurm_step(env):
         names = ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID")
     else:
         return DistEnv()
-    world = _int_env(environ, names[0])
+    world = _int_env(env, names[0])
     world = 1 if world is None else world
-    rank = _int_env(environ, names[1]) or 0
-    local = _int_env(environ, names[2])
+    rank = _int_env(env, names[1]) or 0
+    local = _int_env(env, names[2])
     local = rank if local is None else local
     if world < 1 or not 0 <= rank < world or local < 0:
         raise NcfError(
@@ -134,15 +135,15 @@ def first_slurm_host(nodelist: str) -> str:
     raise NcfError(f"cannot read the first host of the SLURM node list {nodelist!r}")
 
 
-def slurm_master(environ: dict[str, str] | None = None) -> tuple[str, int]:
+def slurm_master(environ: Mapping[str, str] | None = None) -> tuple[str, int]:
     """(MASTER_ADDR, MASTER_PORT) for an srun step: task 0's host, and a port from the job id.
 
     The port depends on the job id so that two jobs sharing a node do not collide.
     """
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     addr = first_slurm_host(nodelist) if nodelist else "127.0.0.1"
-    job = _int_env(environ, "SLURM_JOB_ID", "SLURM_JOBID") or 0
+    job = _int_env(env, "SLURM_JOB_ID", "SLURM_JOBID") or 0
     return addr, 20000 + job % 20000
 
 

@@ -127,6 +127,7 @@ def export_onnx(model: Any, path: Path, opset: int) -> None:
             external_data=False,
             verbose=False,
         )
+        assert program is not None  # dynamo=True always returns an ONNXProgram
         program.save(str(path), external_data=False)
 
 

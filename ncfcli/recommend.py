@@ -112,8 +112,8 @@ def recommend(
         for s in range(0, len(dense), step):
             users = torch.tensor(dense[s : s + step], dtype=torch.int64, device=device)
             scores = masked_scores(model, users, data.n_items, offsets, train_items)
-            items, top = top_items(scores, cfg.k)
-            items, top = items.cpu().numpy(), top.cpu().numpy()
+            items_t, top_t = top_items(scores, cfg.k)
+            items, top = items_t.cpu().numpy(), top_t.cpu().numpy()
             for row in range(users.shape[0]):
                 keep = top[row] != float("-inf")  # fewer candidates than k: drop the masked tail
                 out.append(

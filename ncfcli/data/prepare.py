@@ -186,10 +186,11 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
         extracted = downloads.joinpath(*spec.ratings.split("/"))
         if not extracted.exists() or extracted.stat().st_mtime < zip_path.stat().st_mtime:
             raw.extract_ratings(zip_path, downloads)
-        data = raw.read_path(extracted, backend, cols, need_rating)
-        data.source.update(kind="dataset", name=config.source, path=str(zip_path),
-                           sha256=raw.sha256_file(zip_path), url=spec.url, md5=spec.md5)  # fmt: skip
-        return data
+        interactions = raw.read_path(extracted, backend, cols, need_rating)
+        interactions.source.update(kind="dataset", name=config.source, path=str(zip_path),
+                                   sha256=raw.sha256_file(zip_path), url=spec.url,
+                                   md5=spec.md5)  # fmt: skip
+        return interactions
     if not Path(config.source).exists():
         raise NcfError(
             f"SOURCE {config.source!r} is not a file or folder, nor a dataset name "

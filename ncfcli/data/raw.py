@@ -285,10 +285,10 @@ def _layout(path: Path, cols: Columns) -> _Layout:
         import pyarrow.parquet as pq
 
         try:
-            names = list(pq.read_schema(path).names)
+            schema_names = list(pq.read_schema(path).names)
         except Exception as e:  # pyarrow raises several types for a corrupt footer
             raise NcfError(f"{path} is not a readable Parquet file: {e}") from None
-        return _Layout("parquet", roles=_resolve_roles(cols, names, path), label="parquet")
+        return _Layout("parquet", roles=_resolve_roles(cols, schema_names, path), label="parquet")
 
     lines = _sniff_text(path)
     positional = [c for c in (cols.user, cols.item, cols.time, cols.rating) if c is not None]
@@ -327,7 +327,7 @@ def _layout(path: Path, cols: Columns) -> _Layout:
         return _Layout("csv", sep, False, names, roles, label="csv (no header)")
     header = [c.strip().strip('"') for c in first]
     roles = _resolve_roles(cols, header, path)
-    types: dict[str, str] = {}
+    types = {}
     label = "csv"
     if header == _ML20M_HEADER:  # MovieLens 20M/25M: narrow types make parsing cheaper
         types = {"userId": "int32", "movieId": "int32", "rating": "float32", "timestamp": "int64"}
@@ -481,10 +481,10 @@ def read_table_file(
     if need_rating and roles.get("rating") is None:
         raise NcfError(f"--min-rating needs a rating column, and {path} has none; "
                        "name it with --rating-col")  # fmt: skip
-    wanted = [roles["user"], roles["item"], roles["time"]]
+    candidates = [roles["user"], roles["item"], roles["time"]]
     if need_rating:
-        wanted.append(roles["rating"])
-    wanted = [w for w in wanted if w is not None]
+        candidates.append(roles["rating"])
+    wanted = [w for w in candidates if w is not None]
     columns = _read_gpu(path, layout, wanted, backend)
     if columns is None:
         table = (
@@ -498,7 +498,7 @@ def read_table_file(
         what = "has a header row but no data rows" if layout.header else "has no data rows"
         raise NcfError(f"{path} {what}")
 
-    def host_or_device(name: str, convert: Any) -> Any:
+    def host_or_device(name: str | None, convert: Any) -> Any:
         col = columns[name]
         if isinstance(col, (pa.Array, pa.ChunkedArray)):
             return convert(col, name, path, backend)

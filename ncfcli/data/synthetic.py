@@ -194,7 +194,7 @@ def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict
     start = _T0 + (gen.random(n_users) * (_T1 - _T0 - span)).astype(np.int64)
     timestamp = start[user] + (gen.random(n) * span[user]).astype(np.int64)
 
-    out = {"user": user + 1, "item": item + 1, "timestamp": timestamp}
+    out: dict[str, np.ndarray] = {"user": user + 1, "item": item + 1, "timestamp": timestamp}
     if with_rating:
         rating = np.round((3.6 + 0.9 * gen.standard_normal(n, dtype=np.float32)) * 2) / 2
         out["rating"] = np.clip(rating, 0.5, 5.0).astype(np.float32)
