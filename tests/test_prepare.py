@@ -396,3 +396,11 @@ def test_ties_at_the_latest_time_follow_the_seeded_hash(tmp_path: Path) -> None:
     assert ncf(write_lines(tmp_path / "u.data", lines), "--out", c, "--eval-negatives", 5,
                "--seed", 7).exit_code == 0  # fmt: skip
     assert load_prepared(c, get_backend("cpu")).test_items.tolist() != got.tolist()
+
+
+def test_positions_need_user_item_and_time(tmp_path: Path) -> None:
+    src = write_lines(tmp_path / "d.txt", ["1|10|100", "1|20|200"])
+    out = tmp_path / "o"
+    expect_error(ncf(src, "--time-col", "2", "--sep", "|", "--out", out),
+                 "give --user-col, --item-col too when the columns are positions")  # fmt: skip
+    assert not out.exists()

@@ -301,8 +301,12 @@ def _layout(path: Path, cols: Columns) -> _Layout:
             if c is not None and int(c) >= n_cols:
                 raise NcfError(f"{path}: {flag} {c} is out of range; the file has {n_cols} columns")
         roles = {"user": cols.user, "item": cols.item, "time": cols.time, "rating": cols.rating}
-        if roles["time"] is None:
-            raise NcfError(f"{path}: give --time-col too when the columns are positions")
+        missing = [ROLE_FLAGS[r] for r in ("user", "item", "time") if roles[r] is None]
+        if missing:
+            raise NcfError(
+                f"{path}: give {', '.join(missing)} too when the columns are positions "
+                f"(the file has no header; it has {n_cols} columns)"
+            )
         return _Layout("csv", sep, False, names, roles, label="csv (no header)")
 
     custom = any(c is not None for c in (cols.user, cols.item, cols.time, cols.rating, cols.sep))
