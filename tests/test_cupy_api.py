@@ -95,3 +95,13 @@ def test_xp_keywords_accepted_by_cupy(chain: tuple[str, ...]) -> None:
 def test_generator_methods_exist_in_cupy() -> None:
     missing = {m for m in RNG_METHODS if not hasattr(cupy.random.Generator, m)}
     assert not missing, f"CuPy's Generator lacks {sorted(missing)}; use backend helpers instead"
+
+
+def test_scatter_reductions_go_through_xops() -> None:
+    """CuPy's `ufunc.at` rejects int64 (scatter_max: int32/uint32/uint64/floats only), which
+    NumPy accepts, so a CPU test would never notice; ncfcli/data/xops.py wraps it safely."""
+    offenders = sorted(
+        where for chain, places in ATTRS.items() if chain[-1] == "at" for where in places
+        if not where.endswith("xops.py")
+    )  # fmt: skip
+    assert not offenders, f"call xops.group_max instead of xp.<ufunc>.at in {offenders}"

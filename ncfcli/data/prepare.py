@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
-from ncfcli.data.xops import unique_inverse
+from ncfcli.data.xops import group_max, unique_inverse
 from ncfcli.errors import NcfError
 
 SYNTHETIC = "synthetic"
@@ -267,9 +267,7 @@ def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:
     start = xp.ones(len(keys), dtype=bool)
     start[1:] = keys[1:] != keys[:-1]
     run = xp.cumsum(start) - 1
-    latest = xp.full(int(run[-1]) + 1, np.iinfo(np.int64).min, dtype=xp.int64)
-    xp.maximum.at(latest, run, stamps)
-    return keys[start], latest
+    return keys[start], group_max(stamps, run, int(run[-1]) + 1, xp)
 
 
 def tie_priority(users: Any, items: Any, n_items: int, seed: int, xp: Any) -> Any:
@@ -436,15 +434,13 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
                         f"{dropped:,} users dropped")  # fmt: skip
 
     with stage("leave-one-out split") as note:
-        latest = xp.full(n_users, np.iinfo(np.int64).min, dtype=xp.int64)
-        xp.maximum.at(latest, users, stamps)
+        latest = group_max(stamps, users, n_users, xp)
         at_latest = xp.nonzero(stamps == latest[users])[0]
         del latest, stamps
         # Ties at the latest time: the seeded hash priority decides (see tie_priority).
         owner = users[at_latest]
         prio = tie_priority(owner, items[at_latest], n_items, config.seed, xp)
-        best = xp.full(n_users, -1, dtype=xp.int64)
-        xp.maximum.at(best, owner, prio)
+        best = group_max(prio, owner, n_users, xp)
         winners = prio == best[owner]
         at_latest, owner = at_latest[winners], owner[winners]
         del prio, best, winners

@@ -32,3 +32,16 @@ def unique_inverse(a: Any, xp: Any) -> tuple[Any, Any]:
     codes = xp.empty(a.shape[0], dtype=xp.int64)
     codes[order] = rank
     return s[new], codes
+
+
+def group_max(values: Any, groups: Any, n_groups: int, xp: Any) -> Any:
+    """int64 [n_groups]: the largest of `values` (int64) in each group; every group non-empty.
+
+    A scatter-max, but over uint64: CuPy's `maximum.at` takes int32, uint32, uint64 and floats,
+    not int64, so the values are shifted to start at 0 (order kept) and shifted back.
+    """
+    low = values.min()
+    shifted = (values - low).astype(xp.uint64)
+    out = xp.zeros(n_groups, dtype=xp.uint64)
+    xp.maximum.at(out, groups, shifted)
+    return out.astype(xp.int64) + low
