@@ -107,13 +107,18 @@ def masked_scores(
 
     users int64 [U] dense ids (any order); offsets int64 [n_users + 1] (CSR: user u's training
     items are train_items[offsets[u]:offsets[u + 1]]); train_items [n_train]; all on the
-    model's device. Returns float32 [U, n_items], the model's logits. One forward over all
-    U * n_items pairs and one scatter for the mask: no Python loop over users.
+    model's device. Returns float32 [U, n_items], the model's logits. One pass over all
+    U * n_items pairs (NCF.score_all where the model has it) and one scatter for the mask: no
+    Python loop over users.
     """
     device = users.device
     n = users.shape[0]
-    items = torch.arange(n_items, dtype=torch.int64, device=device)
-    scores = model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
+    score_all = getattr(model, "score_all", None)
+    if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
+        scores = score_all(users).float()
+    else:
+        items = torch.arange(n_items, dtype=torch.int64, device=device)
+        scores = model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())

@@ -244,6 +244,40 @@ class NCF(nn.Module):
         assert self.head is not None
         return self.head(*parts)[:, 0]
 
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        """users [U] -> logits [U, n_items] against every item: forward() on all U * n_items
+        pairs, with the towers factored so ranking the catalogue costs less.
+
+        GMF's head term sum_f w_f u_f i_f is the matrix product (u * w) @ items.T, MF is a dot
+        product plus biases, and the MLP's first layer is applied once per user and once per
+        item (W [u; i] = W_u u + W_i i) before the per-pair layers. Same maths as forward();
+        floats may differ in the last bits (another summation order). Call in eval mode.
+        """
+        users = users.long()
+        if self.cfg.kind == "mf":
+            assert self.user_gmf is not None and self.item_gmf is not None
+            dot = self.user_gmf.weight[users] @ self.item_gmf.weight.t()
+            bias = self.user_bias.weight[users] + self.item_bias.weight[:, 0][None, :]
+            return dot + bias + self.global_bias
+        assert self.head is not None
+        blocks = iter(self.head.weights)
+        out = self.head.bias.view(1, 1).expand(users.shape[0], self.cfg.n_items)
+        if self.user_gmf is not None and self.item_gmf is not None:
+            w = next(blocks)  # [1, factors]
+            out = out + (self.user_gmf.weight[users] * w) @ self.item_gmf.weight.t()
+        if self.mlp_in is not None:
+            assert self.user_mlp is not None and self.item_mlp is not None
+            w_user, w_item = self.mlp_in.weights
+            per_user = torch.addmm(self.mlp_in.bias, self.user_mlp.weight[users], w_user.t())
+            per_item = self.item_mlp.weight @ w_item.t()  # [n_items, layers[1]]
+            hidden = self.mlp(per_user[:, None, :] + per_item[None, :, :])  # [U, I, layers[-1]]
+            out = out + (hidden @ next(blocks).t())[..., 0]
+        elif self.user_mlp is not None and self.item_mlp is not None:
+            w_user, w_item = next(blocks), next(blocks)
+            out = out + self.user_mlp.weight[users] @ w_user.t()
+            out = out + (self.item_mlp.weight @ w_item.t()).t()
+        return out
+
 
 def build_model(cfg: ModelConfig | dict[str, Any]) -> NCF:
     if isinstance(cfg, dict):
