@@ -76,3 +76,23 @@ def test_state_dict_round_trips_through_a_checkpoint() -> None:
     again = model_from_checkpoint(state).eval()
     users, items = torch.arange(9), torch.arange(9)
     torch.testing.assert_close(again(users, items), model(users, items))
+
+
+@pytest.mark.parametrize(
+    ("kind", "layers"),
+    [("neumf", (64, 32, 16)), ("gmf", (2,)), ("mlp", (64, 32, 16)), ("mf", (2,)),
+     ("neumf", (32,)), ("mlp", (32,))],
+)  # fmt: skip
+def test_score_all_equals_forward_on_every_pair(kind: str, layers: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    cfg = {"kind": kind, "n_users": 50, "n_items": 70, "factors": 8, "layers": list(layers),
+           "dropout": 0.3}  # fmt: skip
+    model = build_model(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.3)  # away from the tiny init, so terms matter
+    users = torch.tensor([3, 0, 49, 7])
+    with torch.no_grad():
+        table = model.score_all(users)
+        pairs = model(users.repeat_interleave(70), torch.arange(70).repeat(4)).view(4, 70)
+    assert table.shape == (4, 70)
+    torch.testing.assert_close(table, pairs, rtol=1e-5, atol=1e-5)
