@@ -18,6 +18,7 @@ from rich.progress import (
     ProgressColumn,
     SpinnerColumn,
     Task,
+    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -72,11 +73,11 @@ def epoch_progress(console: Console, disable: bool = False) -> Progress:
     """A bar per epoch with samples/s, loss and ETA (for `ncf train`)."""
     return Progress(
         TextColumn("{task.description}"),
-        BarColumn(bar_width=30),
-        MofNCompleteColumn(),
+        BarColumn(bar_width=16),
+        TaskProgressColumn(),
         RateColumn(),
         TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
+        TimeRemainingColumn(compact=True, elapsed_when_finished=True),
         console=console,
         disable=disable,
         transient=False,
