@@ -159,21 +159,9 @@ class Backend:
             return _cupy().asnumpy(a)  # type: ignore[union-attr]
         return np.asarray(a)
 
-    def load_npy(self, path: os.PathLike | str) -> Any:
-        """Load a .npy file onto this backend's device."""
-        arr = np.load(path, allow_pickle=False)
-        return self.xp.asarray(arr) if self.is_cuda else arr
-
     def rng(self, seed: int | list[int]) -> Any:
         """A seeded generator of this backend (NumPy PCG64, or CuPy's XORWOW on the GPU)."""
         return self.xp.random.default_rng(seed)
-
-    def permutation(self, rng: Any, n: int) -> Any:
-        """A random permutation of range(n) as int64, drawn from `rng`."""
-        if self.is_cuda:
-            # CuPy's Generator has no permutation(); ranking random keys gives one.
-            return self.xp.argsort(rng.random(n, dtype=self.xp.float64)).astype(self.xp.int64)
-        return rng.permutation(n).astype(np.int64, copy=False)
 
     # ---- torch handoff ---------------------------------------------------------------------
     def to_torch(self, a: Any) -> Any:
@@ -207,10 +195,6 @@ class Backend:
             return peak + stats
         pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
         return peak + int(pool.total_bytes())
-
-    def free_pool(self) -> None:
-        if self.is_cuda:
-            _cupy().get_default_memory_pool().free_all_blocks()  # type: ignore[union-attr]
 
     def describe(self) -> str:
         if not self.is_cuda:

@@ -31,7 +31,6 @@ Run directory layout:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,11 +140,3 @@ def load_run(run_dir: str | os.PathLike, device: str = "cpu", which: str = "best
     model = model_from_checkpoint(state, device)
     model.eval()
     return Run(path=Path(run_dir), checkpoint_path=path, state=state, model=model)
-
-
-def read_config(run_dir: str | os.PathLike) -> dict[str, Any]:
-    p = Path(run_dir) / CONFIG
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise NcfError(f"{p} is missing or corrupt: {e}") from None

@@ -619,8 +619,8 @@ def launch_train(
     """Start this node's `ncf train` workers and supervise them; return the exit code for `ncf`.
 
     argv: the command line after `ncf`, e.g. `sys.argv[1:]` = ["train", DATA_DIR, ...] (launch
-    options included: they are removed; a user's --device is replaced by the workers' device). Bad options raise a one-line NcfError before any
-    worker starts; a failed worker is reported as one `error: rank R failed: ...` line here.
+    options included: they are removed; a user's --device is replaced by the workers' device).
+    Bad options raise a one-line NcfError before any worker starts; a failed worker is reported as one `error: rank R failed: ...` line here.
     """
     plan = plan_launch(
         argv,

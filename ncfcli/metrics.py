@@ -26,7 +26,6 @@ from collections.abc import Sequence
 
 import torch
 
-SAMPLED = "sampled"
 FULL = "full ranking"
 TIE_RULE = "ties rank the positive last"
 

@@ -378,14 +378,22 @@ def _read_parquet_cpu(path: Path, wanted: list[str]) -> Any:
         raise NcfError(f"{path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
 
 
+def _whole_column(col: Any, label: str, path: Path) -> Any:
+    """One contiguous pyarrow array of a (chunked) column, refusing empty values."""
+    import pyarrow as pa
+
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if arr.null_count:
+        raise NcfError(f"{path}: {label} has {arr.null_count} empty values")
+    return arr
+
+
 def _id_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
     """Raw ids as an int32/int64 backend array, or a host string array."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if arr.null_count:
-        raise NcfError(f"{path}: column {name!r} has {arr.null_count} empty values")
+    arr = _whole_column(col, f"column {name!r}", path)
     t = arr.type
     if pa.types.is_dictionary(t):
         arr = arr.dictionary_decode()
@@ -410,9 +418,7 @@ def _time_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if arr.null_count:
-        raise NcfError(f"{path}: time column {name!r} has {arr.null_count} empty values")
+    arr = _whole_column(col, f"time column {name!r}", path)
     t = arr.type
     if pa.types.is_integer(t):
         host = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
