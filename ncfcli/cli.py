@@ -143,6 +143,14 @@ def prepare(
     ),
     item_col: str | None = typer.Option(None, "--item-col", help="Item column."),
     time_col: str | None = typer.Option(None, "--time-col", help="Timestamp column."),
+    split: str = typer.Option(
+        "time", "--split", help="time: hold out the latest items; random: a seeded pick (no time)."
+    ),
+    validation: bool = typer.Option(
+        True,
+        "--validation/--no-validation",
+        help="Also hold out a validation item per user (--no-validation: the NCF protocol).",
+    ),
     rating_col: str | None = typer.Option(None, "--rating-col", help="Rating column."),
     sep: str | None = typer.Option(
         None, "--sep", help="Column separator (, \\t :: ...); sniffed when absent."
@@ -173,7 +181,8 @@ def prepare(
     config = PrepareConfig(
         source=source, out=str(out) if out else None, seed=seed, eval_negatives=eval_negatives,
         min_interactions=min_interactions, min_rating=min_rating, user_col=user_col,
-        item_col=item_col, time_col=time_col, rating_col=rating_col, sep=sep, users=users,
+        item_col=item_col, time_col=time_col, split=split, validation=validation,
+        rating_col=rating_col, sep=sep, users=users,
         items=items, interactions=interactions, preset=preset,
         cache_dir=str(cache_dir) if cache_dir else None,
     )  # fmt: skip
@@ -182,15 +191,19 @@ def prepare(
     with stage_progress(err_console(), disable=quiet) as progress:
         meta = run_prepare(config, backend, progress, quiet=quiet)
     seconds = round(time.perf_counter() - t0, 3)
-    keys = ("n_users", "n_items", "n_train", "n_test", "eval_negatives")
+    keys = ("n_users", "n_items", "n_train", "n_valid", "n_test", "eval_negatives")
     peak = backend.peak_memory_bytes()  # None on the CPU
     if json_out:
         extra = {} if peak is None else {"peak_gpu_bytes": peak}
-        print_json({"out": meta["out"], **{k: int(meta[k]) for k in keys}, "seconds": seconds,
-                    **extra})  # fmt: skip
+        print_json({"out": meta["out"], "split": meta["split"], **{k: int(meta[k]) for k in keys},
+                    "seconds": seconds, **extra})  # fmt: skip
         return
     rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
+    held = "test + validation" if meta["validation"] else "test only (--no-validation)"
+    rows.append(("split", f"{meta['split']}: {held}"))
     rows += [(k, f"{meta[k]:,}") for k in keys]
+    if meta["n_users_without_validation"]:
+        rows.append(("users without validation", f"{meta['n_users_without_validation']:,}"))
     rows += [
         ("dropped users", f"{meta['dropped_users']:,}"),
         ("duplicates collapsed", f"{meta['n_duplicates']:,}"),
@@ -216,6 +229,9 @@ def eval_run(
     data: Path | None = typer.Option(
         None, "--data", help="Evaluate on this prepared dataset instead of the run's own."
     ),
+    split: str = typer.Option(
+        "test", "--split", help="Held-out set: test, or validation (for choosing models)."
+    ),
     batch_rows: int | None = BatchRowsOpt,
     device: str = DeviceOpt,
     json_out: bool = JsonOpt,
@@ -227,7 +243,8 @@ def eval_run(
     if ctx.args and not k:
         raise NcfError(f"unexpected argument {ctx.args[0]!r} (K values follow --k)")
     ks = parse_ks([*(k or []), *ctx.args]) if k else DEFAULT_KS
-    cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=batch_rows, data=data)
+    cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=batch_rows, data=data,
+                     split=split)  # fmt: skip
     report = run_eval(run_dir, cfg, device)
     if report.note:
         err_console().print(f"note: {report.note}")
@@ -236,6 +253,7 @@ def eval_run(
         print_json(res)
         return
     rows: list[tuple[str, Any]] = [
+        ("split", f"{res['split']} (dataset split: {res['dataset_split']})"),
         ("protocol", res["protocol"]),
         ("candidates", res["candidates"]),
         ("tie rule", res["tie_rule"]),
@@ -244,7 +262,7 @@ def eval_run(
         ("dataset", report.dataset),
     ]
     rows += [(name, f"{value:.4f}") for name, value in res["metrics"].items()]
-    out_console().print(summary_table(f"ncf eval: {res['protocol']}", rows))
+    out_console().print(summary_table(f"ncf eval: {res['split']}, {res['protocol']}", rows))
 
 
 @app.command()
@@ -400,7 +418,10 @@ def train(
     seed: int | None = _opt(
         "Seed of the model, negatives, order and dropout (default: 0).", "--seed"
     ),
-    target_hr: float | None = _opt("Stop once test HR@10 reaches this.", "--target-hr"),
+    target_hr: float | None = _opt(
+        "Stop once validation HR@10 reaches this (test HR@10 without a validation split).",
+        "--target-hr",
+    ),
     amp: bool | None = _opt("Mixed precision (bf16, or fp16 with loss scaling).", "--amp/--no-amp"),
     amp_dtype: str | None = _opt("auto | bf16 | fp16 (default: auto).", "--amp-dtype"),
     tf32: bool | None = _opt(
@@ -476,9 +497,14 @@ def train(
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
                    + (", stopped at --target-hr)" if result.stopped_early else ")")),
-        ("best epoch", result.best_epoch),
-        ("HR@10", f"{result.metrics['hr@10']:.4f}"),
-        ("NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
+        ("best epoch", f"{result.best_epoch} (chosen on {result.selected_by}"
+                       + (")" if result.validation else ": dataset has no validation split)")),
+        ("split", result.dataset_split),
+        *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
+           ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
+          if result.validation else []),
+        ("test HR@10", f"{result.metrics['hr@10']:.4f}"),
+        ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
         ("samples/s", si(result.samples_per_second)),
         ("seconds", f"{result.seconds:.1f}"),
         ("parameters", si(result.parameters)),

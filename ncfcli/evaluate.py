@@ -1,4 +1,4 @@
-"""`ncf eval RUN_DIR [--full-ranking] [--k 1 5 10 20]`: HR@K and NDCG@K of a trained run.
+"""`ncf eval RUN_DIR [--split test|validation] [--full-ranking] [--k 1 5 10 20]`: HR@K, NDCG@K.
 
 The run directory alone is enough: its checkpoint records the dataset path and fingerprint.
 Two protocols (see ncfcli/metrics.py for the formulas and the tie rule):
@@ -6,7 +6,11 @@ Two protocols (see ncfcli/metrics.py for the formulas and the tie rule):
 - sampled: the held-out item against the N negatives sampled by `ncf prepare` (the NCF paper /
   MLPerf benchmark protocol; comparable with published figures, but biased, Krichene & Rendle
   2020);
-- full ranking: against every item the user did not interact with in training.
+- full ranking: against every item that is not a known positive of the user: its training
+  items and, on a dataset with validation, its other held-out item are excluded.
+
+`--split test` (the default) evaluates the held-out test items; `--split validation` the
+validation items, for choosing a model without looking at the test set.
 
 Users are split across ranks when run under torchrun; each rank reduces metric sums, so the
 result equals a single-process evaluation.
@@ -45,6 +49,7 @@ class EvalConfig:
     full_ranking: bool = False  # rank against every non-training item, not the sampled ones
     batch_rows: int | None = None  # (user, item) pairs scored at once; None = rows_for(device)
     data: Path | None = None  # prepared dataset to evaluate on; None = the one the run trained on
+    split: str = "test"  # held-out set to evaluate: test | validation
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -54,6 +59,8 @@ class EvalConfig:
                 raise NcfError(f"--k must be >= 1, got {k}")
         if len(set(self.ks)) != len(self.ks):
             raise NcfError(f"--k lists a value twice: {list(self.ks)}")
+        if self.split not in ("test", "validation"):
+            raise NcfError(f"--split must be test or validation, got {self.split!r}")
         if self.batch_rows is not None and self.batch_rows < 1:
             raise NcfError(f"--batch-rows must be >= 1, got {self.batch_rows}")
 
@@ -119,8 +126,8 @@ def check_ks(ks: Sequence[int], n_candidates: int, protocol: str) -> None:
 def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = DistEnv()) -> dict:
     """HR@K and NDCG@K of `run.model` on `data` (a PreparedData on `backend`).
 
-    Returns {"protocol", "tie_rule", "metrics": {"hr@k": ..., "ndcg@k": ...}, "users",
-    "candidates"}; identical on every rank.
+    Returns {"split", "dataset_split", "protocol", "tie_rule", "metrics": {"hr@k": ...,
+    "ndcg@k": ...}, "users", "candidates"}; identical on every rank.
     """
     import torch
 
@@ -136,32 +143,45 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
     model = run.model
     model.eval()
     device = backend.torch_device
-    n_neg = int(data.test_negatives.shape[1])
+    xp = backend.xp
+    users_np, held_np, negatives_np = data.held_out(cfg.split, xp)
+    n_neg = int(negatives_np.shape[1])
     if cfg.full_ranking:
         protocol = FULL
-        candidates = f"all items not in the user's training set (of {data.n_items})"
+        other = " or its other held-out item" if data.has_validation else ""
+        candidates = f"all items not in the user's training set{other} (of {data.n_items})"
         check_ks(cfg.ks, data.n_items, protocol)
     else:
         protocol = f"sampled ({n_neg} negatives)"
         candidates = f"{n_neg + 1} (held-out item + {n_neg} sampled negatives)"
         check_ks(cfg.ks, n_neg + 1, "sampled")
-    start, end = env.shard(data.n_users)
     rows = rows_for(backend, cfg.batch_rows)
-    test_items = backend.to_torch(data.test_items).to(device)
     with torch.no_grad():
         if cfg.full_ranking:
-            offsets = backend.to_torch(data.user_offsets(backend.xp)).to(device)
-            train_items = backend.to_torch(data.train_items).to(device)
-            ranks = full_ranks(
-                model, start, end, data.n_items, offsets, train_items, test_items, rows
-            )
+            # Ranks users by contiguous id ranges; a user without a validation item is scored
+            # with a stand-in item and dropped before counting.
+            start, end = env.shard(data.n_users)
+            by_user = xp.zeros(data.n_users, dtype=xp.int32)
+            by_user[users_np] = held_np
+            has = xp.zeros(data.n_users, dtype=bool)
+            has[users_np] = True
+            offsets_np, seen_np = data.known_positives(cfg.split, xp)
+            offsets = backend.to_torch(offsets_np).to(device)
+            seen = backend.to_torch(seen_np).to(device)
+            held = backend.to_torch(by_user).to(device)
+            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows)
+            ranks = ranks[backend.to_torch(has).to(device)[start:end]]
         else:
-            users = torch.arange(start, end, dtype=torch.int64, device=device)
-            negatives = backend.to_torch(data.test_negatives).to(device)
-            ranks = sampled_ranks(model, users, test_items[start:end], negatives[start:end], rows)
+            start, end = env.shard(int(users_np.shape[0]))
+            users = backend.to_torch(users_np).to(device)[start:end].long()
+            held = backend.to_torch(held_np).to(device)[start:end]
+            negatives = backend.to_torch(negatives_np).to(device)[start:end]
+            ranks = sampled_ranks(model, users, held, negatives, rows)
         sums = all_reduce_sum(metric_sums(ranks, cfg.ks), env)
     backend.synchronize()
     return {
+        "split": cfg.split,
+        "dataset_split": data.split_method,
         "protocol": protocol,
         "tie_rule": TIE_RULE,
         "candidates": candidates,

@@ -16,11 +16,18 @@ from ncfcli.errors import NcfError
 CPU = get_backend("cpu")
 
 
-def _hand_made(pos: dict[int, list[int]], test: list[int], n_items: int) -> PreparedData:
+def _hand_made(
+    pos: dict[int, list[int]], test: list[int], n_items: int, valid: list[int] | None = None
+) -> PreparedData:
     users = np.array([u for u in sorted(pos) for _ in pos[u]], dtype=np.int32)
     items = np.array([i for u in sorted(pos) for i in sorted(pos[u])], dtype=np.int32)
     n_users = len(test)
     meta = {"n_users": n_users, "n_items": n_items, "fingerprint": "hand"}
+    held: dict[str, np.ndarray] = {}
+    if valid is not None:
+        held = {"valid_users": np.arange(n_users, dtype=np.int32),
+                "valid_items": np.array(valid, dtype=np.int32),
+                "valid_negatives": np.zeros((n_users, 1), dtype=np.int32)}  # fmt: skip
     return PreparedData(
         path=Path("hand-made"),
         meta=meta,
@@ -28,6 +35,7 @@ def _hand_made(pos: dict[int, list[int]], test: list[int], n_items: int) -> Prep
         train_items=items,
         test_items=np.array(test, dtype=np.int32),
         test_negatives=np.zeros((n_users, 1), dtype=np.int32),
+        **held,
     )
 
 
@@ -36,20 +44,18 @@ def _epoch_arrays(sampler: NegativeSampler, epoch: int = 1) -> tuple[np.ndarray,
     return tuple(np.asarray(a) for a in batches.arrays)
 
 
-def test_verified_negatives_are_never_positives_or_the_test_item(prepared_dir: Path) -> None:
+def test_verified_negatives_are_never_training_positives(prepared_dir: Path) -> None:
     data = load_prepared(prepared_dir, CPU)
     users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, neg_per_pos=4, seed=3))
     n = data.n_items
-    excluded = np.concatenate(
-        [
-            data.train_users.astype(np.int64) * n + data.train_items,
-            np.arange(data.n_users, dtype=np.int64) * n + data.test_items,
-        ]
-    )
+    excluded = data.train_users.astype(np.int64) * n + data.train_items
     keys = users.astype(np.int64) * n + items
     neg = labels == 0
     assert neg.sum() == 4 * data.train_users.size
     assert not np.isin(keys[neg], excluded).any()
+    # The held-out items are items like any other to training: some are drawn.
+    test_keys = np.arange(data.n_users, dtype=np.int64) * n + data.test_items
+    assert np.isin(keys[neg], test_keys).sum() > 10
     # The positives are exactly the training set, each once.
     train_keys = data.train_users.astype(np.int64) * n + data.train_items
     np.testing.assert_array_equal(np.sort(keys[~neg]), np.sort(train_keys))
@@ -70,20 +76,49 @@ def test_approx_negatives_are_unchecked(prepared_dir: Path) -> None:
 
 
 def test_exact_draws_on_a_hand_made_table() -> None:
-    # user 0 may only get item 2; user 1 gets 2, 3 or 4 uniformly; user 2 gets anything but 4.
-    data = _hand_made({0: [0, 1, 3], 1: [0], 2: [4]}, test=[4, 1, 4], n_items=5)
+    # user 0 may only get items 2 and 4 (its test item); user 1 gets 1..4 uniformly (1 is its
+    # test item); user 2 gets anything but its training item 4.
+    data = _hand_made({0: [0, 1, 3], 1: [0], 2: [4]}, test=[4, 1, 0], n_items=5)
     users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, neg_per_pos=3000, seed=0))
     neg = labels == 0
-    assert set(items[neg & (users == 0)]) == {2}
+    counts0 = np.bincount(items[neg & (users == 0)], minlength=5)
+    assert counts0[[0, 1, 3]].sum() == 0 and np.all(np.abs(counts0[[2, 4]] / 9000 - 1 / 2) < 0.04)
     counts = np.bincount(items[neg & (users == 1)], minlength=5)
-    assert counts[0] == counts[1] == 0
-    assert np.all(np.abs(counts[2:] / 3000 - 1 / 3) < 0.04)
+    assert counts[0] == 0
+    assert np.all(np.abs(counts[1:] / 3000 - 1 / 4) < 0.04)
     counts2 = np.bincount(items[neg & (users == 2)], minlength=5)
     assert counts2[4] == 0 and np.all(np.abs(counts2[:4] / 3000 - 1 / 4) < 0.04)
 
 
+def test_held_out_items_are_drawn_at_the_uniform_rate() -> None:
+    """No leak: a user's test and validation items are training negatives exactly as often as
+    any other item the user has no training interaction with (the NCF paper's rule)."""
+    n_users, n_items, n_train = 60, 30, 5
+    rng = np.random.default_rng(7)
+    pos, test, valid = {}, [], []
+    for u in range(n_users):
+        chosen = rng.choice(n_items, n_train + 2, replace=False).tolist()
+        pos[u] = chosen[:n_train]
+        test.append(chosen[n_train])
+        valid.append(chosen[n_train + 1])
+    data = _hand_made(pos, test, n_items, valid)
+    neg_per_pos = 100
+    users, items, labels = _epoch_arrays(NegativeSampler(data, CPU, neg_per_pos, seed=11))
+    neg = labels == 0
+    draws = int(neg.sum())
+    assert draws == n_users * n_train * neg_per_pos
+    rate = 1 / (n_items - n_train)  # every user has the same number of allowed items
+    expected = draws * rate
+    sd = (draws * rate * (1 - rate)) ** 0.5  # binomial: 30k draws, 1200 expected, sd 34
+    for name, held in (("test", test), ("validation", valid)):
+        hits = int((items[neg] == np.asarray(held)[users[neg]]).sum())
+        assert abs(hits - expected) < 4 * sd, (name, hits, expected)
+    train_keys = data.train_users.astype(np.int64) * n_items + data.train_items
+    assert not np.isin(users[neg].astype(np.int64) * n_items + items[neg], train_keys).any()
+
+
 def test_a_user_with_every_item_is_refused_unless_approx() -> None:
-    data = _hand_made({0: [0, 1, 2], 1: [0]}, test=[3, 2], n_items=4)
+    data = _hand_made({0: [0, 1, 2, 3], 1: [0]}, test=[3, 2], n_items=4)
     with pytest.raises(NcfError, match="--approx-negatives"):
         NegativeSampler(data, CPU, 4)
     NegativeSampler(data, CPU, 4, approx=True).epoch(1, 8)

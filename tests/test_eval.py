@@ -30,19 +30,29 @@ def ncf(*args: str):
     return runner.invoke(app, [str(a) for a in args])
 
 
-def reference_metrics(run_dir: Path, data_dir: Path, ks: list[int], full: bool) -> dict:
-    """One user at a time, in NumPy, straight from the definitions (no code shared with metrics.py)."""
+def reference_metrics(
+    run_dir: Path, data_dir: Path, ks: list[int], full: bool, split: str = "test"
+) -> dict:
+    """One user at a time, in NumPy, straight from the definitions (no code shared with metrics.py).
+
+    Full ranking excludes the user's training items and its other held-out item (a positive)."""
     model = load_run(run_dir).model
     data = load_prepared(data_dir, get_backend("cpu"))
     hits = dict.fromkeys(ks, 0.0)
     dcg = dict.fromkeys(ks, 0.0)
-    for u in range(data.n_users):
-        pos = int(data.test_items[u])
+    valid = dict(zip(data.valid_users.tolist(), data.valid_items.tolist(), strict=True))
+    rows = range(data.n_users) if split == "test" else range(len(valid))
+    for row in rows:
+        u = row if split == "test" else int(data.valid_users[row])
+        pos = int(data.test_items[u]) if split == "test" else valid[u]
+        other = valid.get(u) if split == "test" else int(data.test_items[u])
         if full:
-            seen = set(data.train_items[data.train_users == u].tolist())
+            seen = set(data.train_items[data.train_users == u].tolist()) | {other}
             cands = [i for i in range(data.n_items) if i not in seen and i != pos]
-        else:
+        elif split == "test":
             cands = data.test_negatives[u].tolist()
+        else:
+            cands = data.valid_negatives[row].tolist()
         items = torch.tensor([pos, *cands])
         with torch.no_grad():
             s = model(torch.full_like(items, u), items).numpy()
@@ -53,14 +63,18 @@ def reference_metrics(run_dir: Path, data_dir: Path, ks: list[int], full: bool) 
                 dcg[k] += 1 / math.log2(rank + 2)
     out = {}
     for k in ks:
-        out[f"hr@{k}"] = hits[k] / data.n_users
-        out[f"ndcg@{k}"] = dcg[k] / data.n_users
+        out[f"hr@{k}"] = hits[k] / len(rows)
+        out[f"ndcg@{k}"] = dcg[k] / len(rows)
     return out
 
 
-@pytest.mark.parametrize("full", [False, True])
-def test_eval_json_matches_reference(run_dir: Path, prepared_dir: Path, full: bool) -> None:
-    args = ["eval", run_dir, "--k", "1", "5", "10", "--json", "--device", "cpu"]
+@pytest.mark.parametrize(("full", "split"), [(False, "test"), (True, "test"),
+                                             (False, "validation"), (True, "validation")])  # fmt: skip
+def test_eval_json_matches_reference(run_dir: Path, prepared_dir: Path, full: bool,
+                                     split: str) -> None:  # fmt: skip
+    args = ["eval", run_dir, "--k", "1", "5", "10", "50", "--json", "--device", "cpu"]
+    if split == "validation":
+        args += ["--split", "validation"]
     if full:
         # a small memory budget forces many chunks: the result must not depend on it
         args += ["--full-ranking", "--batch-rows", "1000"]
@@ -69,9 +83,11 @@ def test_eval_json_matches_reference(run_dir: Path, prepared_dir: Path, full: bo
     got = json.loads(res.stdout)
     assert got["protocol"] == ("full ranking" if full else "sampled (100 negatives)")
     assert got["tie_rule"] == "ties rank the positive last"
+    assert (got["split"], got["dataset_split"]) == (split, "time")
     assert got["users"] == 300
-    assert list(got["metrics"]) == ["hr@1", "ndcg@1", "hr@5", "ndcg@5", "hr@10", "ndcg@10"]
-    want = reference_metrics(run_dir, prepared_dir, [1, 5, 10], full)
+    assert list(got["metrics"]) == ["hr@1", "ndcg@1", "hr@5", "ndcg@5", "hr@10", "ndcg@10",
+                                    "hr@50", "ndcg@50"]  # fmt: skip
+    want = reference_metrics(run_dir, prepared_dir, [1, 5, 10, 50], full, split)
     assert got["metrics"] == pytest.approx(want, abs=1e-12)
     assert got["metrics"]["hr@10"] > 0
 

@@ -263,25 +263,29 @@ def runs(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
-    one, two = history(runs["one"])[-1], history(runs["two"])[-1]
-    assert one["hr@10"] > 0.2 and two["hr@10"] > 0.2  # both learned (random is 10/101)
-    # Every global step trains on the same samples at any world size (batches.py), so the two
-    # runs differ only by the order DDP sums floats in: the 0.01, on the tiny data.
-    assert abs(two["hr@10"] - one["hr@10"]) <= 0.01, (one, two)
-    assert abs(two["ndcg@10"] - one["ndcg@10"]) <= 0.01, (one, two)
-    assert two["loss"] == pytest.approx(one["loss"], rel=1e-3)
+    last_one, last_two = history(runs["one"])[-1], history(runs["two"])[-1]
+    for split in ("validation", "test"):
+        one, two = last_one[split], last_two[split]
+        assert one["hr@10"] > 0.2 and two["hr@10"] > 0.2  # both learned (random is 10/101)
+        # Every global step trains on the same samples at any world size (batches.py), so the
+        # two runs differ only by the order DDP sums floats in: the 0.01, on tiny data.
+        assert abs(two["hr@10"] - one["hr@10"]) <= 0.01, (split, one, two)
+        assert abs(two["ndcg@10"] - one["ndcg@10"]) <= 0.01, (split, one, two)
+    assert last_two["loss"] == pytest.approx(last_one["loss"], rel=1e-3)
 
 
 def test_evaluation_split_over_ranks_equals_one_process(runs: dict[str, Path]) -> None:
     # the 2-rank evaluation of the last epoch (sums reduced over ranks) against a 1-process
     # evaluation of the very same weights
-    res = ncf("eval", str(runs["two"]), "--k", "10", "--json", "--device", "cpu")
-    assert res.returncode == 0, res.stderr
-    single = json.loads(res.stdout)["metrics"]
-    split = history(runs["two"])[-1]
-    assert single["hr@10"] == split["hr@10"]  # a count: exact
-    # ranks reduce integer counts per rank position (metrics.metric_sums): exact as well
-    assert single["ndcg@10"] == split["ndcg@10"]
+    for name in ("test", "validation"):
+        res = ncf("eval", str(runs["two"]), "--k", "10", "--split", name, "--json",
+                  "--device", "cpu")  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        single = json.loads(res.stdout)["metrics"]
+        split = history(runs["two"])[-1][name]
+        assert single["hr@10"] == split["hr@10"]  # a count: exact
+        # ranks reduce integer counts per rank position (metrics.metric_sums): exact as well
+        assert single["ndcg@10"] == split["ndcg@10"]
 
 
 @pytest.mark.parametrize(
@@ -298,7 +302,7 @@ def test_resume_on_another_world_size(runs: dict[str, Path], tmp_path: Path, fir
     assert out["epochs"] == EPOCHS + 1 and len(after) == EPOCHS + 1
     assert after[:EPOCHS] == before  # the finished epochs are kept, not retrained
     assert after[-1]["loss"] < before[-1]["loss"]  # it went on from the saved state
-    assert after[-1]["hr@10"] >= before[-1]["hr@10"] - 0.03
+    assert after[-1]["validation"]["hr@10"] >= before[-1]["validation"]["hr@10"] - 0.03
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")

@@ -2,10 +2,12 @@
 
 The hand-made data (raw ids; columns user, item, rating, timestamp):
 
-    user 1: items 10@100, 20@200, 30@200  -> test 30 (tie at 200: the seed-0 hash ranks 30 first)
-    user 2: items 10@50, 10@300, 40@100   -> (2,10) collapses, latest 300 -> test 10
+    user 1: items 10@100, 20@200, 30@200  -> test 30 (tie at 200: the seed-0 hash ranks 30 first),
+                                             validation 20 (the latest of the rest)
+    user 2: items 10@50, 10@300, 40@100   -> (2,10) collapses, latest 300 -> test 10; only 2
+                                             items: no validation item, 40 stays in training
     user 3: item 20@10 only               -> dropped (--min-interactions 2)
-    user 4: items 50@5, 40@6              -> test 40
+    user 4: items 50@5, 40@6              -> test 40, no validation
 
 Dense users 1,2,4 -> 0,1,2; items 10..50 -> 0..4.
 """
@@ -37,9 +39,11 @@ ROWS = [  # user, item, rating, timestamp
     (4, 50, 3, 5),
     (4, 40, 3, 6),
 ]
-TRAIN_USERS = [0, 0, 1, 2]
-TRAIN_ITEMS = [0, 1, 3, 4]
+TRAIN_USERS = [0, 1, 2]
+TRAIN_ITEMS = [0, 3, 4]
 TEST_ITEMS = [2, 0, 3]
+VALID_USERS = [0]
+VALID_ITEMS = [1]
 NAMES_U = {1: "alice", 2: "bob", 3: "carol", 4: "dave"}  # sorted like the numbers
 NAMES_I = {10: "i10", 20: "i20", 30: "i30", 40: "i40", 50: "i50"}
 
@@ -56,11 +60,15 @@ def check_tiny(out: Path, user_ids: list, item_ids: list, negatives: int = 2) ->
     assert data.test_negatives.shape == (3, negatives)
     # User 1 (dense 0) interacted with items 0,1,2: its only candidates are 3 and 4.
     assert sorted(data.test_negatives[0].tolist()) == [3, 4]
+    assert data.valid_users.tolist() == VALID_USERS
+    assert data.valid_items.tolist() == VALID_ITEMS
+    assert sorted(data.valid_negatives[0].tolist()) == [3, 4]
     users, items = load_id_maps(out)
     assert users.tolist() == user_ids and items.tolist() == item_ids
     meta = read_meta(out)
     assert meta["dropped_users"] == 1 and meta["n_duplicates"] == 1
-    assert (meta["n_users"], meta["n_items"], meta["n_train"], meta["n_test"]) == (3, 5, 4, 3)
+    assert (meta["n_users"], meta["n_items"], meta["n_train"], meta["n_test"]) == (3, 5, 3, 3)
+    assert (meta["n_valid"], meta["n_users_without_validation"], meta["split"]) == (1, 2, "time")
     assert len(meta["source"]["sha256"]) == 64
     return meta
 
@@ -132,7 +140,7 @@ def test_min_rating_and_min_interactions(tmp_path: Path) -> None:
     res = ncf(src, "--out", out, "--eval-negatives", 1, "--min-rating", 3, "--json")
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
-    assert (got["n_users"], got["n_items"], got["n_train"]) == (2, 5, 3)
+    assert (got["n_users"], got["n_items"], got["n_train"], got["n_valid"]) == (2, 5, 2, 1)
     meta = read_meta(out)
     assert meta["dropped_users"] == 2 and meta["n_below_min_rating"] == 2
     assert meta["options"]["min_rating"] == 3
@@ -144,8 +152,8 @@ def test_json_output_is_one_object(tmp_path: Path) -> None:
     res = ncf(udata(tmp_path / "u.data"), "--out", tmp_path / "o", "--eval-negatives", 2, "--json")
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
-    assert set(got) == {"out", "n_users", "n_items", "n_train", "n_test", "eval_negatives",
-                        "seconds"}  # fmt: skip
+    assert set(got) == {"out", "split", "n_users", "n_items", "n_train", "n_valid", "n_test",
+                        "eval_negatives", "seconds"}  # fmt: skip
     assert got["out"] == str(tmp_path / "o") and got["eval_negatives"] == 2
     assert isinstance(got["seconds"], float)
 
@@ -189,20 +197,34 @@ def test_negatives_and_split_are_exact(synthetic_dirs: tuple[Path, Path, Path]) 
     u_index = {u: k for k, u in enumerate(users.tolist())}
     i_index = {i: k for k, i in enumerate(items.tolist())}
     train = set(zip(d.train_users.tolist(), d.train_items.tolist(), strict=True))
-    assert len(train) == d.meta["n_train"] == len(latest) - len(per_user)
+    n_valid = sum(len(e) >= 3 for e in per_user.values())
+    assert n_valid > 0  # (users too small for one: the hand-made tests)
+    assert d.meta["n_users_without_validation"] == len(per_user) - n_valid
+    assert len(train) == d.meta["n_train"] == len(latest) - len(per_user) - n_valid
     pairs = np.stack([d.train_users, d.train_items], axis=1)
     assert (np.lexsort((pairs[:, 1], pairs[:, 0])) == np.arange(len(pairs))).all()
+    valid = dict(zip(d.valid_users.tolist(), range(n_valid), strict=True))
+    assert list(valid) == sorted(valid) and len(valid) == n_valid
     for u, events in per_user.items():
         du = u_index[u]
-        test_item = i_index[max(events)[1]]
+        ordered = sorted(events)
+        test_item = i_index[ordered[-1][1]]
         assert d.test_items[du] == test_item
+        held = {test_item}
+        if len(events) >= 3:
+            held.add(i_index[ordered[-2][1]])
+            assert d.valid_items[valid[du]] == i_index[ordered[-2][1]]
+        else:
+            assert du not in valid
         positives = {i_index[i] for _, i in events}
-        negs = d.test_negatives[du].tolist()
-        assert len(set(negs)) == 50, "repeated negative"
-        assert not positives & set(negs), "a negative is a positive"
-        assert test_item not in negs
-        assert all(0 <= n < d.n_items for n in negs)
-        assert {(du, i) for i in positives - {test_item}} <= train
+        rows = [d.test_negatives[du].tolist()]
+        if du in valid:
+            rows.append(d.valid_negatives[valid[du]].tolist())
+        for negs in rows:
+            assert len(set(negs)) == 50, "repeated negative"
+            assert not positives & set(negs), "a negative is a positive"
+            assert all(0 <= n < d.n_items for n in negs)
+        assert {(du, i) for i in positives - held} <= train
 
 
 def test_same_seed_same_bytes(synthetic_dirs: tuple[Path, Path, Path]) -> None:
@@ -239,7 +261,8 @@ def test_dedup_with_wide_timestamps(tmp_path: Path) -> None:
     res = ncf(src, "--out", out, "--eval-negatives", 1)
     assert res.exit_code == 0, res.output
     d = load_prepared(out, get_backend("cpu"))
-    assert d.test_items.tolist() == [1, 1] and d.train_items.tolist() == [0, 2, 0, 3]
+    assert d.test_items.tolist() == [1, 1] and d.valid_items.tolist() == [0, 0]
+    assert d.train_items.tolist() == [2, 3]
     assert d.meta["n_duplicates"] == 1
 
 
@@ -404,3 +427,103 @@ def test_positions_need_user_item_and_time(tmp_path: Path) -> None:
     expect_error(ncf(src, "--time-col", "2", "--sep", "|", "--out", out),
                  "give --user-col, --item-col too when the columns are positions")  # fmt: skip
     assert not out.exists()
+
+
+# ---- validation split, --no-validation, --split random --------------------------------------
+
+
+def test_no_validation_is_the_ncf_protocol(
+    synthetic_dirs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """--no-validation writes the NCF protocol's four arrays; with validation the test set is
+    the same and training only loses the validation items."""
+    with_valid = synthetic_dirs[0]
+    out = tmp_path / "nv"
+    res = ncf("synthetic", "--users", 400, "--items", 300, "--interactions", 12000,
+              "--eval-negatives", 50, "--seed", 3, "--out", out, "--no-validation")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "item_ids.parquet", "meta.json", "test_items.npy", "test_negatives.npy",
+        "train_items.npy", "train_users.npy", "user_ids.parquet"]  # fmt: skip
+    for name in ("test_items.npy", "test_negatives.npy", "user_ids.parquet", "item_ids.parquet"):
+        assert (out / name).read_bytes() == (with_valid / name).read_bytes(), name
+    nv, v = load_prepared(out, get_backend("cpu")), load_prepared(with_valid, get_backend("cpu"))
+    assert not nv.has_validation and nv.meta["n_valid"] == 0 and not nv.meta["validation"]
+    pairs = set(zip(nv.train_users.tolist(), nv.train_items.tolist(), strict=True))
+    valid = set(zip(v.valid_users.tolist(), v.valid_items.tolist(), strict=True))
+    assert set(zip(v.train_users.tolist(), v.train_items.tolist(), strict=True)) == pairs - valid
+    assert valid <= pairs and len(valid) == v.meta["n_valid"] == 400
+
+
+def test_an_old_dataset_is_one_line(
+    synthetic_dirs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(synthetic_dirs[0], old)
+    meta = json.loads((old / "meta.json").read_text())
+    (old / "meta.json").write_text(json.dumps({**meta, "format_version": 1}))
+    res = CliRunner().invoke(
+        app, ["train", str(old), "--device", "cpu", "--out", str(tmp_path / "r")]
+    )
+    expect_error(res, "format version 1", "no validation split", "re-run `ncf prepare`")
+
+
+NO_TIME = ["user,item,rating"] + [f"{u},{i},{r}" for u, i, r, _ in ROWS]
+
+
+def test_a_file_without_time_needs_split_random(tmp_path: Path) -> None:
+    src = write_lines(tmp_path / "d.csv", NO_TIME)
+    out = tmp_path / "o"
+    expect_error(ncf(src, "--out", out, "--eval-negatives", 1), "no time column",
+                 "user, item, rating", "--split random")  # fmt: skip
+    assert not out.exists()
+    expect_error(ncf(src, "--out", out, "--split", "random", "--time-col", "rating"),
+                 "--time-col does not apply to --split random")  # fmt: skip
+    expect_error(ncf(src, "--out", out, "--split", "latest"), "--split must be one of time, random")
+
+
+def test_split_random_is_a_seeded_uniform_pick(tmp_path: Path) -> None:
+    """Each user's test item, then validation item, is the seeded hash's argmax over its items
+    (times ignored): row order does not matter, the seed does, and every item is picked."""
+    from ncfcli.data.prepare import tie_priority
+
+    n_users, n_items, per = 300, 12, 5
+    lines = ["user,item"] + [f"{u},{(u + 2 * j) % n_items}" for u in range(n_users)
+                             for j in range(per)]  # fmt: skip
+    src = write_lines(tmp_path / "d.csv", lines)
+    (tmp_path / "s").mkdir()
+    shuffled = [lines[0]] + [
+        lines[1:][k] for k in np.random.default_rng(0).permutation(len(lines) - 1)
+    ]
+    src2 = write_lines(tmp_path / "s" / "d.csv", shuffled)
+    runs = {}
+    for name, f, seed in (("a", src, 0), ("b", src2, 0), ("c", src, 5)):
+        res = ncf(f, "--out", tmp_path / name, "--split", "random", "--eval-negatives", 3,
+                  "--seed", seed, "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["split"] == "random"
+        runs[name] = load_prepared(tmp_path / name, get_backend("cpu"))
+    a = runs["a"]
+    assert a.meta["split"] == "random" and a.split_method == "random"
+    for name in ("test_items", "valid_items", "train_items"):
+        assert getattr(a, name).tolist() == getattr(runs["b"], name).tolist(), name
+    assert a.test_items.tolist() != runs["c"].test_items.tolist()
+    for u in range(n_users):
+        items = np.array(sorted((u + 2 * j) % n_items for j in range(per)))
+        order = items[np.argsort(-tie_priority(np.full(per, u), items, n_items, 0, np))]
+        assert (a.test_items[u], a.valid_items[u]) == (order[0], order[1])
+    # Uniform: each of a user's 5 items is its test item for about a fifth of the users.
+    slot = [sorted((u + 2 * j) % n_items for j in range(per)).index(int(a.test_items[u]))
+            for u in range(n_users)]  # fmt: skip
+    counts = np.bincount(slot, minlength=per)
+    assert counts.min() > 30 and counts.max() < 90, counts  # expected 60 each
+
+
+def test_split_random_ignores_an_existing_time_column(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    res = ncf(udata(tmp_path / "u.data"), "--out", out, "--split", "random", "--eval-negatives", 1)
+    assert res.exit_code == 0, res.output
+    meta = read_meta(out)
+    assert meta["split"] == "random" and "time" not in meta["source"]["columns"]

@@ -25,12 +25,17 @@ backend:
 A resumed run needs no RNG state for its data: epoch e is rebuilt from the seed alone.
 
 Verified negatives (the default) are drawn exactly, never by luck: for user u with E_u excluded
-items (the training positives and the held-out test item), sorted e_0 < e_1 < ..., we draw
+items (the user's training positives), sorted e_0 < e_1 < ..., we draw
 r uniform in [0, n_items - E_u) and return the r-th item that is NOT excluded. That item is r + j
 where j = #{i : e_i - i <= r}; e_i - i is non-decreasing within a user, so one `searchsorted`
 over the global int64 keys u * n_items + (e_i - i) answers every draw at once. There is no
 rejection loop, so a user who rated 99% of the catalogue costs the same as any other.
 `approx=True` is NVIDIA's mode: items uniform over the whole catalogue, unchecked.
+
+The held-out test and validation items are NOT excluded: to the training loop they are items
+the user has no training interaction with, like any other, and are drawn at the same rate (as
+in the NCF paper). Excluding them would leak them: the model would learn that they are never
+negatives (measured on ml-100k: HR@10 0.709 with the leak, 0.674 without).
 
 Memory, in bytes per training sample of this rank (n = N / W samples):
 
@@ -128,9 +133,10 @@ class NegativeSampler:
     def _build_exclusions(self, data: PreparedData) -> None:
         xp = self.xp
         n_items = self.n_items
-        users = xp.concatenate([self.pos_users, xp.arange(data.n_users, dtype=xp.int32)])
-        items = xp.concatenate([self.pos_items, data.test_items])
-        keys = sorted_unique(users.astype(xp.int64) * n_items + items.astype(xp.int64), xp)
+        # Training positives only: see the module docstring on why held-out items stay drawable.
+        keys = sorted_unique(
+            self.pos_users.astype(xp.int64) * n_items + self.pos_items.astype(xp.int64), xp
+        )
         ex_users = keys // n_items
         ex_items = keys - ex_users * n_items
         counts = xp.bincount(ex_users, minlength=data.n_users)

@@ -2,15 +2,23 @@
 
     python -c "from ncfcli.data.dataset import read_meta; print(read_meta('DATA_DIR'))"
 
-Layout (format version 1); dense ids: users 0..n_users-1, items 0..n_items-1:
+Layout (format version 2); dense ids: users 0..n_users-1, items 0..n_items-1:
 
-    meta.json             format_version, counts, seed, source and its sha256, options, backend
+    meta.json             format_version, counts, seed, source and its sha256, options, backend,
+                          split (time | random), validation (true | false), n_valid
     train_users.npy       int32 [n_train]   training positives, sorted by (user, item), no duplicates
     train_items.npy       int32 [n_train]
     test_items.npy        int32 [n_users]   the held-out (latest) item of user u at row u
     test_negatives.npy    int32 [n_users, eval_negatives]  distinct items, none a positive of u
+    valid_users.npy       int32 [n_valid]   users with a validation item, ascending
+    valid_items.npy       int32 [n_valid]   the validation (second-latest) item of valid_users[r]
+    valid_negatives.npy   int32 [n_valid, eval_negatives]  distinct items, none a positive
     user_ids.parquet      column raw_id: row i is the raw id of dense user i
     item_ids.parquet      column raw_id: row i is the raw id of dense item i
+
+The three valid_* arrays exist only when meta.json says "validation": true (`ncf prepare`
+without --no-validation). Version 2 added them and the split; a version 1 directory is refused
+with one line asking to re-run `ncf prepare`.
 
 Arrays are plain .npy (no pickles) so they load straight onto a GPU; the id maps are Parquet
 because raw ids may be strings.
@@ -30,7 +38,7 @@ import numpy as np
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 META = "meta.json"
 ARRAYS = {
     "train_users": np.int32,
@@ -38,7 +46,13 @@ ARRAYS = {
     "test_items": np.int32,
     "test_negatives": np.int32,
 }
+VALID_ARRAYS = {
+    "valid_users": np.int32,
+    "valid_items": np.int32,
+    "valid_negatives": np.int32,
+}
 ID_MAPS = ("user_ids.parquet", "item_ids.parquet")
+SPLITS = ("test", "validation")  # the held-out sets a model is evaluated on
 
 
 @dataclass
@@ -51,12 +65,57 @@ class PreparedData:
     train_items: Any
     test_items: Any
     test_negatives: Any
+    valid_users: Any = None  # None without a validation split (--no-validation)
+    valid_items: Any = None
+    valid_negatives: Any = None
     n_users: int = field(init=False)
     n_items: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.n_users = int(self.meta["n_users"])
         self.n_items = int(self.meta["n_items"])
+
+    @property
+    def has_validation(self) -> bool:
+        return self.valid_users is not None
+
+    @property
+    def split_method(self) -> str:
+        """How the held-out items were chosen: "time" or "random" (`ncf prepare --split`)."""
+        return str(self.meta.get("split", "time"))
+
+    def held_out(self, split: str, xp: Any) -> tuple[Any, Any, Any]:
+        """(users, held-out items, sampled negatives) of `split`, "test" or "validation"."""
+        if split == "test":
+            users = xp.arange(self.n_users, dtype=xp.int32)
+            return users, self.test_items, self.test_negatives
+        if split != "validation":
+            raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if not self.has_validation:
+            raise NcfError(
+                f"{self.path} has no validation split (prepared with --no-validation); "
+                "evaluate --split test, or re-run `ncf prepare` without --no-validation"
+            )
+        return self.valid_users, self.valid_items, self.valid_negatives
+
+    def known_positives(self, split: str, xp: Any) -> tuple[Any, Any]:
+        """(offsets int64 [n_users + 1], items) in CSR form: what full ranking excludes when
+        evaluating `split`, the training positives plus the user's other held-out item (a
+        positive the model was not trained on, which must not count as a miss)."""
+        if not self.has_validation:
+            return self.user_offsets(xp), self.train_items
+        if split == "test":
+            other_users, other_items = self.valid_users, self.valid_items
+        else:
+            other_users = xp.arange(self.n_users, dtype=xp.int32)
+            other_items = self.test_items
+        users = xp.concatenate([self.train_users, other_users])
+        items = xp.concatenate([self.train_items, other_items])
+        order = xp.argsort(users, kind="stable")
+        counts = xp.bincount(users, minlength=self.n_users)
+        offsets = xp.zeros(self.n_users + 1, dtype=xp.int64)
+        offsets[1:] = xp.cumsum(counts)
+        return offsets, items[order]
 
     @property
     def fingerprint(self) -> str:
@@ -77,6 +136,8 @@ def fingerprint(meta: dict[str, Any]) -> str:
         "n_users",
         "n_items",
         "n_train",
+        "n_valid",
+        "split",
         "eval_negatives",
         "seed",
         "source",
@@ -101,9 +162,10 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise NcfError(f"{meta_path} is corrupt: {e}") from None
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version != FORMAT_VERSION:
+        why = " (older: no validation split)" if isinstance(version, int) and version < 2 else ""
         raise NcfError(
-            f"{path} has dataset format version {version!r}; this ncfcli reads version "
-            f"{FORMAT_VERSION} (re-run `ncf prepare`)"
+            f"{path} has dataset format version {version!r}{why}; this ncfcli reads version "
+            f"{FORMAT_VERSION}: re-run `ncf prepare` on its source"
         )
     return meta
 
@@ -113,7 +175,8 @@ def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
     path = Path(path)
     meta = read_meta(path)
     arrays: dict[str, Any] = {}
-    for name, dtype in ARRAYS.items():
+    names = {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {})}
+    for name, dtype in names.items():
         f = path / f"{name}.npy"
         try:
             host = np.load(f, allow_pickle=False, mmap_mode="r")
@@ -129,6 +192,10 @@ def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
         "test_items": (n_users,),
         "test_negatives": (n_users, meta["eval_negatives"]),
     }
+    if meta.get("validation"):
+        n_valid = meta["n_valid"]
+        expected.update(valid_users=(n_valid,), valid_items=(n_valid,),
+                        valid_negatives=(n_valid, meta["eval_negatives"]))  # fmt: skip
     for name, shape in expected.items():
         if tuple(arrays[name].shape) != shape:
             raise NcfError(
@@ -160,10 +227,10 @@ def write_prepared(
 ) -> dict[str, Any]:
     """Write a prepared dataset atomically and return the completed meta.
 
-    `arrays` are host NumPy arrays named as in ARRAYS; `user_ids`/`item_ids` are 1-D host
-    sequences (NumPy, pandas or pyarrow) of raw ids in dense-id order. `meta` holds the
-    descriptive keys (counts, seed, source, options, backend, ...); format_version,
-    array_sha256 and fingerprint are filled in here.
+    `arrays` are host NumPy arrays named as in ARRAYS, plus all or none of VALID_ARRAYS;
+    `user_ids`/`item_ids` are 1-D host sequences (NumPy, pandas or pyarrow) of raw ids in
+    dense-id order. `meta` holds the descriptive keys (counts, seed, source, options, backend,
+    ...); format_version, validation, n_valid, array_sha256 and fingerprint are filled in here.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -171,9 +238,16 @@ def write_prepared(
     missing = set(ARRAYS) - set(arrays)
     if missing:
         raise ValueError(f"write_prepared: missing arrays {sorted(missing)}")
-    host = {k: np.ascontiguousarray(arrays[k], dtype=ARRAYS[k]) for k in ARRAYS}
+    given = set(VALID_ARRAYS) & set(arrays)
+    if given and given != set(VALID_ARRAYS):
+        raise ValueError(f"write_prepared: validation needs all of {sorted(VALID_ARRAYS)}")
+    names = {**ARRAYS, **(VALID_ARRAYS if given else {})}
+    host = {k: np.ascontiguousarray(arrays[k], dtype=names[k]) for k in names}
     meta = dict(meta)
     meta["format_version"] = FORMAT_VERSION
+    meta["validation"] = bool(given)
+    meta["n_valid"] = int(host["valid_users"].shape[0]) if given else 0
+    meta.setdefault("split", "time")
     meta["array_sha256"] = array_digest(host)
     meta["fingerprint"] = fingerprint(meta)
     with atomic_dir(out) as tmp:

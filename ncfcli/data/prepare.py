@@ -11,17 +11,27 @@ users or rows:
 3. Repeated (user, item) pairs collapse into one, timed at their latest occurrence.
 4. Users with fewer than `--min-interactions` distinct items are dropped and counted; then
    users and items are re-indexed again over what is left.
-5. Leave-one-out: a user's test item is the one with the latest timestamp. Items tied at that
-   timestamp (MovieLens users rate many films in the same second: 415 of ml-100k's 943 users
-   have such a tie) are ordered by a seeded hash of (user, item) and the highest wins
-   (`tie_priority`). That is a uniform, reproducible pick that is the same on every backend and
-   for any row order. A rule such as "the largest item id wins" would be deterministic too, but
-   it is biased: MovieLens numbers films in the order they were added, so it picks the least
-   popular film of the session, which lowered a popularity baseline's HR@10 on ml-100k from
-   0.41 to 0.31. Every other positive is training data, sorted by (user, item).
-6. `--eval-negatives N` test negatives per user, uniform without replacement over the items
-   the user never interacted with (the test item is a positive, so it is never a negative and
-   evaluation needs no duplicate mask). Each row is sorted by item id.
+5. Leave-one-out (`--split time`): a user's test item is the one with the latest timestamp.
+   Items tied at that timestamp (MovieLens users rate many films in the same second: 415 of
+   ml-100k's 943 users have such a tie) are ordered by a seeded hash of (user, item) and the
+   highest wins (`tie_priority`). That is a uniform, reproducible pick that is the same on every
+   backend and for any row order. A rule such as "the largest item id wins" would be
+   deterministic too, but it is biased: MovieLens numbers films in the order they were added,
+   so it picks the least popular film of the session, which lowered a popularity baseline's
+   HR@10 on ml-100k from 0.41 to 0.31. `--split random` ignores time: every item of the user
+   counts as tied, so the seeded hash alone picks it (uniform over the user's items).
+6. Validation (unless `--no-validation`): the same rule, applied again to what is left, picks
+   the validation item (the second-latest). Only users with at least 3 distinct items get one,
+   so that every user keeps a training item; the others keep train + test, are left out of
+   validation, and are counted in meta.json (`n_users_without_validation`). The test item and
+   the test negatives do not depend on this choice: `--no-validation` writes exactly the
+   arrays of the NCF protocol, and with validation the test set is the same, training only
+   loses the validation items. Every other positive is training data, sorted by (user, item).
+7. `--eval-negatives N` test negatives per user, uniform without replacement over the items
+   the user never interacted with (the held-out items are positives, so they are never a
+   negative and evaluation needs no duplicate mask); then, from the same generator, N
+   validation negatives per user with a validation item, drawn the same way. Each row is
+   sorted by item id.
 
 How the negatives are drawn exactly: user u has a_u = n_items - |positives of u| candidates.
 The k-th candidate (0-based) is k plus the number of positives p_j (sorted, j-th) with
@@ -57,6 +67,17 @@ TIE_RULE = (
     "the highest wins"
 )
 ID_ORDER = "dense ids follow sorted raw ids (numeric, or by code point for strings)"
+SPLITS = ("time", "random")
+SPLIT_RULES = {
+    "time": "leave-one-out by time: a user's latest interaction is the test item",
+    "random": "leave-one-out at random: a seeded hash of (user, item, seed) picks the test "
+    "item, uniformly among the user's items",
+}
+MIN_FOR_VALIDATION = 3  # test + validation + at least one training item
+VALIDATION_RULE = (
+    f"the split's rule applied again to the rest picks the validation item, for users with "
+    f"at least {MIN_FOR_VALIDATION} items; the others have none"
+)
 _DENSE_FACTOR = 4  # users with fewer than 4N candidates use exact priorities
 _MAX_REDRAW_ROUNDS = 64
 
@@ -74,6 +95,8 @@ class PrepareConfig:
     user_col: str | None = None  # user id column (name, or 0-based position without header)
     item_col: str | None = None  # item id column
     time_col: str | None = None  # timestamp column; its order decides the test item
+    split: str = "time"  # time (latest is held out) | random (seeded pick, no time needed)
+    validation: bool = True  # also hold out a validation item per user (--no-validation: off)
     rating_col: str | None = None  # rating column (for --min-rating)
     sep: str | None = None  # column separator of a CSV/TSV; sniffed when None
     users: int | None = None  # synthetic: number of users
@@ -91,6 +114,10 @@ class PrepareConfig:
             raise NcfError(f"--min-interactions must be >= 1, got {self.min_interactions}")
         if self.seed < 0:
             raise NcfError(f"--seed must be >= 0, got {self.seed}")
+        if self.split not in SPLITS:
+            raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if self.split == "random" and self.time_col is not None:
+            raise NcfError("--time-col does not apply to --split random, which ignores time")
         synthetic_flags = {"--users": self.users, "--items": self.items,
                            "--interactions": self.interactions, "--preset": self.preset}  # fmt: skip
         if self.source != SYNTHETIC:
@@ -158,6 +185,7 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
     from ncfcli.data import raw, sources, synthetic
 
     need_rating = config.min_rating is not None
+    need_time = config.split == "time"
     if config.source == SYNTHETIC:
         shape = synthetic.resolve_shape(
             config.preset, config.users, config.items, config.interactions
@@ -166,7 +194,7 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
         return raw.RawInteractions(
             backend.asarray(data["user"].astype(np.int64)),
             backend.asarray(data["item"].astype(np.int64)),
-            backend.asarray(data["timestamp"]),
+            backend.asarray(data["timestamp"] if need_time else np.zeros_like(data["timestamp"])),
             backend.asarray(data["rating"]) if need_rating else None,
             {
                 "kind": SYNTHETIC,
@@ -186,7 +214,7 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
         extracted = downloads.joinpath(*spec.ratings.split("/"))
         if not extracted.exists() or extracted.stat().st_mtime < zip_path.stat().st_mtime:
             raw.extract_ratings(zip_path, downloads)
-        interactions = raw.read_path(extracted, backend, cols, need_rating)
+        interactions = raw.read_path(extracted, backend, cols, need_rating, need_time=need_time)
         interactions.source.update(kind="dataset", name=config.source, path=str(zip_path),
                                    sha256=raw.sha256_file(zip_path), url=spec.url,
                                    md5=spec.md5)  # fmt: skip
@@ -196,7 +224,7 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
             f"SOURCE {config.source!r} is not a file or folder, nor a dataset name "
             f"({', '.join(sources.DATASETS)}) or 'synthetic'"
         )
-    return raw.read_path(config.source, backend, cols, need_rating)
+    return raw.read_path(config.source, backend, cols, need_rating, need_time=need_time)
 
 
 # ---- the array work -----------------------------------------------------------------------------
@@ -285,6 +313,30 @@ def tie_priority(users: Any, items: Any, n_items: int, seed: int, xp: Any) -> An
     x *= xp.uint64(0x94D049BB133111EB)
     x ^= x >> xp.uint64(31)
     return (x >> xp.uint64(1)).astype(xp.int64)
+
+
+def _latest_rows(
+    users: Any, items: Any, stamps: Any, n_users: int, n_items: int, seed: int, xp: Any
+) -> Any:
+    """Row index of each present user's latest interaction, ties broken by `tie_priority`.
+
+    Rows are sorted by (user, item); the result is ascending (one row per user that has any).
+    """
+    if len(users) == 0:
+        return xp.zeros(0, dtype=xp.int64)
+    latest = group_max(stamps, users, n_users, xp)
+    at_latest = xp.nonzero(stamps == latest[users])[0]
+    del latest
+    owner = users[at_latest]
+    prio = tie_priority(owner, items[at_latest], n_items, seed, xp)
+    best = group_max(prio, owner, n_users, xp)
+    winners = prio == best[owner]
+    at_latest, owner = at_latest[winners], owner[winners]
+    del prio, best, winners
+    last = xp.ones(len(at_latest), dtype=bool)
+    last[:-1] = owner[1:] != owner[:-1]
+    # Equal priorities (a 63-bit hash collision) fall back to the largest item id.
+    return at_latest[last]
 
 
 def _draw_indices(avail: Any, n_neg: int, rng: Any, xp: Any) -> Any:
@@ -434,27 +486,33 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
                         f"{dropped:,} users dropped")  # fmt: skip
 
     with stage("leave-one-out split") as note:
-        latest = group_max(stamps, users, n_users, xp)
-        at_latest = xp.nonzero(stamps == latest[users])[0]
-        del latest, stamps
-        # Ties at the latest time: the seeded hash priority decides (see tie_priority).
-        owner = users[at_latest]
-        prio = tie_priority(owner, items[at_latest], n_items, config.seed, xp)
-        best = group_max(prio, owner, n_users, xp)
-        winners = prio == best[owner]
-        at_latest, owner = at_latest[winners], owner[winners]
-        del prio, best, winners
-        last = xp.ones(len(at_latest), dtype=bool)
-        last[:-1] = owner[1:] != owner[:-1]
-        # Equal priorities (a 63-bit hash collision) fall back to the largest item id.
-        test_rows = at_latest[last]
-        del at_latest, owner, last
+        test_rows = _latest_rows(users, items, stamps, n_users, n_items, config.seed, xp)
         test_items = items[test_rows]
         train = xp.ones(len(users), dtype=bool)
         train[test_rows] = False
+        del test_rows
+        n_no_valid = 0
+        if config.validation:
+            counts = xp.bincount(users, minlength=n_users)
+            eligible = counts[users] >= MIN_FOR_VALIDATION
+            n_no_valid = n_users - int((counts >= MIN_FOR_VALIDATION).sum())
+            del counts
+            rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
+            del eligible
+            pick = _latest_rows(users[rest], items[rest], stamps[rest], n_users, n_items,
+                                config.seed, xp)  # fmt: skip
+            valid_rows = rest[pick]
+            del rest, pick
+            valid_users, valid_items = users[valid_rows], items[valid_rows]
+            train[valid_rows] = False
+            del valid_rows
+        del stamps
         train_users, train_items = users[train], items[train]
-        del train, test_rows
-        note["done"] = f"{len(train_users):,} train, {n_users:,} test"
+        del train
+        done = f"{len(train_users):,} train, {n_users:,} test"
+        if config.validation:
+            done += f", {len(valid_users):,} validation"
+        note["done"] = done
 
     with stage("test negatives") as note:
         n_neg = config.eval_negatives
@@ -473,6 +531,11 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         del counts
         rng = backend.rng(config.seed)
         test_negatives = _negatives(users, items, n_users, n_items, n_neg, rng, xp)
+        if config.validation:
+            # Drawn after the test negatives from the same generator, so those stay the bytes
+            # --no-validation writes; a user's positives (all of them) are the same either way.
+            valid_negatives = _negatives(users, items, n_users, n_items, n_neg, rng, xp)
+            valid_negatives = valid_negatives[valid_users]
         del users, items
         note["done"] = f"{n_users:,} x {n_neg}"
 
@@ -483,11 +546,21 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             "test_items": backend.to_numpy(test_items),
             "test_negatives": backend.to_numpy(test_negatives),
         }
+        if config.validation:
+            arrays["valid_users"] = backend.to_numpy(valid_users)
+            arrays["valid_items"] = backend.to_numpy(valid_items)
+            arrays["valid_negatives"] = backend.to_numpy(valid_negatives)
         meta = {
             "n_users": n_users,
             "n_items": n_items,
             "n_train": int(len(arrays["train_users"])),
             "n_test": n_users,
+            "n_valid": int(len(arrays["valid_users"])) if config.validation else 0,
+            "n_users_without_validation": n_no_valid,
+            "split": config.split,
+            "split_rule": SPLIT_RULES[config.split],
+            "validation_rule": VALIDATION_RULE if config.validation else None,
+            "validation": config.validation,
             "eval_negatives": n_neg,
             "seed": config.seed,
             "source": source,

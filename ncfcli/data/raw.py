@@ -258,17 +258,20 @@ def _match(role: str, wanted: str | None, columns: list[str], path: Path) -> str
             return lower[cand]
     if role == "rating":
         return None
+    hint = " (or use --split random for data without timestamps)" if role == "time" else ""
     raise NcfError(
         f"{path}: no {role} column found (its columns are: {listing}); "
-        f"name it with {ROLE_FLAGS[role]}"
+        f"name it with {ROLE_FLAGS[role]}{hint}"
     )
 
 
-def _resolve_roles(cols: Columns, columns: list[str], path: Path) -> dict[str, str | None]:
+def _resolve_roles(
+    cols: Columns, columns: list[str], path: Path, need_time: bool = True
+) -> dict[str, str | None]:
     roles = {
         "user": _match("user", cols.user, columns, path),
         "item": _match("item", cols.item, columns, path),
-        "time": _match("time", cols.time, columns, path),
+        "time": _match("time", cols.time, columns, path) if need_time else None,
         "rating": _match("rating", cols.rating, columns, path),
     }
     named = [c for c in roles.values() if c is not None]
@@ -277,7 +280,7 @@ def _resolve_roles(cols: Columns, columns: list[str], path: Path) -> dict[str, s
     return roles
 
 
-def _layout(path: Path, cols: Columns) -> _Layout:
+def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
     """How to read `path`, decided from its name, its first lines and the column flags."""
     with open(path, "rb") as f:
         magic = f.read(4)
@@ -288,7 +291,8 @@ def _layout(path: Path, cols: Columns) -> _Layout:
             schema_names = list(pq.read_schema(path).names)
         except Exception as e:  # pyarrow raises several types for a corrupt footer
             raise NcfError(f"{path} is not a readable Parquet file: {e}") from None
-        return _Layout("parquet", roles=_resolve_roles(cols, schema_names, path), label="parquet")
+        roles = _resolve_roles(cols, schema_names, path, need_time)
+        return _Layout("parquet", roles=roles, label="parquet")
 
     lines = _sniff_text(path)
     positional = [c for c in (cols.user, cols.item, cols.time, cols.rating) if c is not None]
@@ -301,7 +305,8 @@ def _layout(path: Path, cols: Columns) -> _Layout:
             if c is not None and int(c) >= n_cols:
                 raise NcfError(f"{path}: {flag} {c} is out of range; the file has {n_cols} columns")
         roles = {"user": cols.user, "item": cols.item, "time": cols.time, "rating": cols.rating}
-        missing = [ROLE_FLAGS[r] for r in ("user", "item", "time") if roles[r] is None]
+        needed = ("user", "item", "time") if need_time else ("user", "item")
+        missing = [ROLE_FLAGS[r] for r in needed if roles[r] is None]
         if missing:
             raise NcfError(
                 f"{path}: give {', '.join(missing)} too when the columns are positions "
@@ -330,7 +335,7 @@ def _layout(path: Path, cols: Columns) -> _Layout:
                  "rating": "rating" if len(first) == 4 else None}  # fmt: skip
         return _Layout("csv", sep, False, names, roles, label="csv (no header)")
     header = [c.strip().strip('"') for c in first]
-    roles = _resolve_roles(cols, header, path)
+    roles = _resolve_roles(cols, header, path, need_time)
     types = {}
     label = "csv"
     if header == _ML20M_HEADER:  # MovieLens 20M/25M: narrow types make parsing cheaper
@@ -481,13 +486,18 @@ def _read_gpu(path: Path, layout: _Layout, wanted: list[str], backend: Backend) 
 
 
 def read_table_file(
-    path: Path, cols: Columns, backend: Backend, need_rating: bool
+    path: Path, cols: Columns, backend: Backend, need_rating: bool, need_time: bool = True
 ) -> RawInteractions:
-    """Read one ratings/CSV/TSV/Parquet file into raw interactions."""
+    """Read one ratings/CSV/TSV/Parquet file into raw interactions.
+
+    With `need_time` False (`--split random`) no time column is read, even where one exists,
+    and every timestamp is 0."""
     import pyarrow as pa
 
-    layout = _layout(path, cols)
-    roles = layout.roles
+    layout = _layout(path, cols, need_time)
+    roles = dict(layout.roles)
+    if not need_time:
+        roles["time"] = None
     if need_rating and roles.get("rating") is None:
         raise NcfError(f"--min-rating needs a rating column, and {path} has none; "
                        "name it with --rating-col")  # fmt: skip
@@ -516,7 +526,11 @@ def read_table_file(
 
     user = host_or_device(roles["user"], _id_column)
     item = host_or_device(roles["item"], _id_column)
-    ts = host_or_device(roles["time"], _time_column)
+    ts = (
+        host_or_device(roles["time"], _time_column)
+        if roles["time"] is not None
+        else backend.xp.zeros(len(user), dtype=backend.xp.int64)
+    )
     rating = host_or_device(roles["rating"], _rating_column) if need_rating else None
     return RawInteractions(
         user, item, ts, rating,
@@ -530,6 +544,7 @@ def read_path(
     cols: Columns = Columns(),
     need_rating: bool = False,
     extract_to: Path | None = None,
+    need_time: bool = True,
 ) -> RawInteractions:
     """Read a zip, folder or table file; `source` records what was read and its sha256.
 
@@ -555,7 +570,7 @@ def read_path(
         # Hashing runs beside the parser: hashlib releases the GIL, the parse is I/O and Arrow.
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=1))
         digest = pool.submit(sha256_file, digest_of)
-        raw = read_table_file(table_file, cols, backend, need_rating)
+        raw = read_table_file(table_file, cols, backend, need_rating, need_time)
         raw.source = {
             "kind": kind,
             "name": p.stem if kind == "zip" else p.name,
