@@ -161,16 +161,16 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
             # Ranks users by contiguous id ranges; a user without a validation item is scored
             # with a stand-in item and dropped before counting.
             start, end = env.shard(data.n_users)
-            by_user = xp.zeros(data.n_users, dtype=xp.int32)
-            by_user[users_np] = held_np
-            has = xp.zeros(data.n_users, dtype=bool)
-            has[users_np] = True
+            users = backend.to_torch(users_np).to(device).long()
+            held = torch.zeros(data.n_users, dtype=torch.int32, device=device)
+            held[users] = backend.to_torch(held_np).to(device)
+            has = torch.zeros(data.n_users, dtype=torch.bool, device=device)
+            has[users] = True
             offsets_np, seen_np = data.known_positives(cfg.split, xp)
             offsets = backend.to_torch(offsets_np).to(device)
             seen = backend.to_torch(seen_np).to(device)
-            held = backend.to_torch(by_user).to(device)
             ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows)
-            ranks = ranks[backend.to_torch(has).to(device)[start:end]]
+            ranks = ranks[has[start:end]]
         else:
             start, end = env.shard(int(users_np.shape[0]))
             users = backend.to_torch(users_np).to(device)[start:end].long()

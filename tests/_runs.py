@@ -60,12 +60,14 @@ def rewrite_dataset(src: Path, out: Path, seed: int) -> Path:
     """A copy of `src` with another seed in meta.json: same shape, a different fingerprint."""
     import numpy as np
 
-    from ncfcli.data.dataset import ARRAYS, load_id_maps, write_prepared
+    from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, load_id_maps, write_prepared
 
     meta = read_meta(src)
-    arrays = {name: np.load(src / f"{name}.npy") for name in ARRAYS}
+    names = [*ARRAYS, *(VALID_ARRAYS if meta["validation"] else [])]
+    arrays = {name: np.load(src / f"{name}.npy") for name in names}
     users, items = load_id_maps(src)
-    keep = ("n_users", "n_items", "n_train", "n_test", "eval_negatives", "source", "options")
+    keep = ("n_users", "n_items", "n_train", "n_test", "eval_negatives", "source", "options",
+            "split")  # fmt: skip
     write_prepared(out, arrays, users, items, {**{k: meta.get(k) for k in keep}, "seed": seed})
     return out
 
