@@ -74,7 +74,8 @@ import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
 for r in rows:
     keys = [k for k in r if "second" in k or "samples" in k]
-    print("  epoch", r.get("epoch"), {k: r[k] for k in keys}, "hr@10", round(r.get("hr@10", 0), 4))
+    held = {s: round(r[s]["hr@10"], 4) for s in ("validation", "test") if r.get(s)}
+    print("  epoch", r.get("epoch"), {k: r[k] for k in keys}, "hr@10", held)
 PYEOF
   done
   note "NVIDIA, 1x A100: 22.6M (TF32) / 34.1M (AMP) samples/s; target >= 102M (99M-sample epoch < 1 s)"
