@@ -32,6 +32,9 @@ DeviceOpt = typer.Option(
     "auto", "--device", help="auto (GPU when CuPy sees one), cpu or cuda.", envvar="NCF_DEVICE"
 )
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object on stdout instead of tables.")
+OverwriteOpt = typer.Option(
+    False, "--overwrite", help="Replace ncf's own earlier output at --out (never other files)."
+)
 BatchRowsOpt = typer.Option(
     None,
     "--batch-rows",
@@ -129,6 +132,7 @@ def prepare(
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Output folder (default: <cache dir>/<source name>)."
     ),
+    overwrite: bool = OverwriteOpt,
     device: str = DeviceOpt,
     seed: int = typer.Option(0, "--seed", help="Seeds the negatives and synthetic data."),
     eval_negatives: int = typer.Option(100, "--eval-negatives", help="Test negatives per user."),
@@ -184,7 +188,7 @@ def prepare(
         item_col=item_col, time_col=time_col, split=split, validation=validation,
         rating_col=rating_col, sep=sep, users=users,
         items=items, interactions=interactions, preset=preset,
-        cache_dir=str(cache_dir) if cache_dir else None,
+        cache_dir=str(cache_dir) if cache_dir else None, overwrite=overwrite,
     )  # fmt: skip
     config.validate()
     backend = get_backend(device)
@@ -260,6 +264,7 @@ def eval_run(
         ("users", res["users"]),
         ("checkpoint", report.checkpoint),
         ("dataset", report.dataset),
+        ("saved in", report.saved or "-"),
     ]
     rows += [(name, f"{value:.4f}") for name, value in res["metrics"].items()]
     out_console().print(summary_table(f"ncf eval: {res['split']}, {res['protocol']}", rows))
@@ -273,6 +278,7 @@ def export(
     out: Path | None = typer.Option(
         None, "--out", help="Path of the .onnx file (default RUN_DIR/export/model.onnx)."
     ),
+    overwrite: bool = OverwriteOpt,
     triton: Path | None = typer.Option(
         None, "--triton", help="Also write a Triton model repository in this directory."
     ),
@@ -293,7 +299,13 @@ def export(
     if not onnx:
         raise NcfError("choose a format: --onnx")
     cfg = ExportConfig(
-        out=out, triton=triton, name=name, opset=opset, max_batch_size=max_batch_size, atol=atol
+        out=out,
+        triton=triton,
+        name=name,
+        opset=opset,
+        max_batch_size=max_batch_size,
+        atol=atol,
+        overwrite=overwrite,
     )
     res = run_export(run_dir, cfg)
     if json_out:
@@ -393,6 +405,7 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out from its last checkpoint."
     ),
+    overwrite: bool = OverwriteOpt,
     epochs: int | None = _opt("Total epochs (default: by dataset size).", "--epochs", "-e"),
     batch_size: int | None = _opt(
         "Global batch (per GPU with --scaling weak).", "--batch-size", "-b"
@@ -437,11 +450,11 @@ def train(
         "none | linear | cosine: lr falls to 0 over the run (default: by dataset size).",
         "--lr-decay",
     ),
-    eval_batch: int = typer.Option(
-        1 << 20, "--eval-batch", help="Most (user, item) rows scored at once in evaluation."
+    eval_batch: int | None = _opt(
+        "Most (user, item) rows scored at once in evaluation (default: 2^20).", "--eval-batch"
     ),
-    keep_checkpoints: int = typer.Option(
-        3, "--keep-checkpoints", help="Per-epoch checkpoints kept."
+    keep_checkpoints: int | None = _opt(
+        "Per-epoch checkpoints kept (default: 3).", "--keep-checkpoints"
     ),
     gpus: int | None = _opt("Train on N GPUs (one worker each, NCCL).", "--gpus"),
     nproc: int | None = _opt("Train with N CPU workers (gloo).", "--nproc"),
@@ -475,7 +488,8 @@ def train(
     from ncfcli.ui import epoch_progress, err_console, out_console, print_json, si, summary_table
 
     cfg = TrainConfig(
-        data_dir=str(data_dir), out=None if out is None else str(out), resume=resume, device=device,
+        data_dir=str(data_dir), out=None if out is None else str(out), resume=resume,
+        overwrite=overwrite, device=device,
         epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,

@@ -198,10 +198,12 @@ class EvalReport:
     checkpoint: str
     dataset: str
     note: str | None = None
+    saved: str | None = None  # RUN_DIR/eval.json, where the result was merged (ncfcli.eval_record)
 
 
 def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> EvalReport:
-    """Load the run and its dataset on `device` and evaluate (one process)."""
+    """Load the run and its dataset on `device`, evaluate (one process), save in eval.json."""
+    from ncfcli import eval_record
     from ncfcli.backend import get_backend
     from ncfcli.checkpoint import load_run
 
@@ -209,4 +211,7 @@ def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> Eval
     run = load_run(run_dir, backend.torch_device)
     data, note = resolve_data(run, cfg.data, backend)
     result = evaluate(run, data, cfg, backend)
-    return EvalReport(result, str(run.checkpoint_path), str(data.path), note)
+    saved, why = eval_record.save(run.path, eval_record.rows_for(result, cfg.protocol, run, data))
+    note = "; ".join(n for n in (note, why) if n) or None
+    return EvalReport(result, str(run.checkpoint_path), str(data.path), note,
+                      str(saved) if saved else None)  # fmt: skip

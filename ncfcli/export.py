@@ -48,6 +48,7 @@ class ExportConfig:
     max_batch_size: int = 65536  # Triton max_batch_size
     atol: float = 1e-4  # largest onnxruntime-vs-PyTorch difference accepted
     seed: int = 0  # seed of the random parity inputs
+    overwrite: bool = False  # replace files (and a Triton model) ncf exported there before
 
     def __post_init__(self) -> None:
         if self.opset < MIN_OPSET:
@@ -246,7 +247,14 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     import onnx
 
     from ncfcli.data.dataset import ID_MAPS, read_meta
-    from ncfcli.fsutil import atomic_dir
+    from ncfcli.fsutil import (
+        atomic_dir,
+        check_out_dir,
+        check_out_file,
+        read_marker,
+        record_written,
+        write_marker,
+    )
 
     require_export_deps()
     out = Path(cfg.out) if cfg.out is not None else run.path / "export" / "model.onnx"
@@ -254,7 +262,20 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         raise NcfError(f"--out must end in .onnx, got {out}")
     if out.is_dir():
         raise NcfError(f"--out {out} is a directory; give a file path ending in .onnx")
+    meta_name = out.with_suffix(".json").name
+    names = (*ID_MAPS, meta_name, out.name)
+    # Every file written beside the model is checked, not only the model: none may be the user's.
+    for fname in names:
+        check_out_file(out.parent / fname, overwrite=cfg.overwrite)
+    triton_model = None
+    if cfg.triton is not None:
+        triton_model = Path(cfg.triton) / cfg.name
+        check_out_dir(triton_model, "triton model", overwrite=cfg.overwrite, flag="--triton",
+                      protect=[run.path])  # fmt: skip
+    new_folder = not out.parent.exists()
     _writable_dir(out.parent, "export directory")
+    if new_folder and out.parent.parent.resolve() == run.path.resolve() and read_marker(run.path):
+        record_written(run.path, [out.parent.name])
     if cfg.triton is not None:
         _writable_dir(Path(cfg.triton), "--triton directory")
     meta = read_meta(data_dir)
@@ -265,7 +286,6 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         )
     model = run.model.cpu().eval()
     cfg_m = run.model_config
-    meta_name = out.with_suffix(".json").name
     with tempfile.TemporaryDirectory(prefix=".ncf-export-", dir=out.parent) as tmp_s:
         tmp = Path(tmp_s)
         onnx_tmp = tmp / out.name
@@ -290,13 +310,12 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         desc = describe(run, meta, out.name, diffs, cfg.opset)
         _copy_id_maps(data_dir, tmp)
         (tmp / meta_name).write_text(json.dumps(desc, indent=2) + "\n")
-        triton_model = None
-        if cfg.triton is not None:
-            triton_model = Path(cfg.triton) / cfg.name
-            with atomic_dir(triton_model) as tdir:
+        if triton_model is not None:
+            with atomic_dir(triton_model, "triton model") as tdir:
                 # mkdtemp makes it owner-only; a server running as another user must read it.
                 tdir.chmod(0o755)
                 (tdir / "1").mkdir()
+                write_marker(tdir / "1", "triton model", ["model.onnx"])
                 shutil.copyfile(onnx_tmp, tdir / "1" / "model.onnx")
                 (tdir / "config.pbtxt").write_text(triton_config(cfg.name, cfg.max_batch_size))
                 for fname in ID_MAPS:
@@ -304,7 +323,10 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
                 tdesc = dict(desc, model_file="1/model.onnx")
                 (tdir / "model.json").write_text(json.dumps(tdesc, indent=2) + "\n")
         # Sidecars first, model last: a reader that finds the .onnx finds its id maps too.
-        for fname in (*ID_MAPS, meta_name, out.name):
+        for fname in names:
+            check_out_file(out.parent / fname, overwrite=cfg.overwrite)  # may have appeared since
+        record_written(out.parent, names, "export")
+        for fname in names:
             os.replace(tmp / fname, out.parent / fname)
     return {
         "onnx": str(out),

@@ -50,6 +50,13 @@ and dropout comes from (seed, epoch, rank). So an epoch is reproducible from the
 a checkpoint resumes on any world size. On the CPU one seed gives the same bytes; a resumed
 run equals an uninterrupted one.
 
+`--resume` may change the learning rate and its schedule (--lr, --lr-decay, --warmup-epochs),
+Adam's --beta1/--beta2/--eps, --l2, --epochs, --target-hr, --tf32, --eval-batch and
+--keep-checkpoints: each applies from the next step, each metrics.jsonl row carries the lr of
+its first and last step (`lr`, `lr_end`), and config.json's `resumes` lists every resume as
+{"epoch": epochs done, "step": steps done in the next one, "changed": {option: [old, new]}}.
+The options in FIXED_ON_RESUME are refused with one line naming the flag.
+
 Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
 every optimizer step and stop if they differ.
 """
@@ -78,7 +85,13 @@ from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_write_text
+from ncfcli.fsutil import (
+    atomic_write_text,
+    check_out_dir,
+    read_marker,
+    remove_output,
+    write_marker,
+)
 from ncfcli.metrics import TIE_RULE, metric_sums, sampled_ranks, sums_to_metrics
 from ncfcli.model import KINDS, ModelConfig, build_model, count_parameters
 
@@ -92,6 +105,21 @@ LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN 
 # 2.1 ms per step at RecBole's NeuMF and batch 2048 on 2 cores. OMP_NUM_THREADS overrides.
 CPU_ONE_THREAD_BELOW = 8192
 ARCH_FIELDS = ("model", "factors", "layers", "dropout")
+# What --resume may not change, and why (every other option may: it applies from the next step
+# and config.json's `resumes` records the change). The architecture is the checkpoint's weights;
+# seed, negatives, batch and scaling define every epoch's samples and steps, which is what makes
+# a resumed run equal an uninterrupted one; AMP changes the optimizer's and scaler's numerics.
+FIXED_ON_RESUME = {
+    **{name: "the checkpoint's weights have this architecture" for name in ARCH_FIELDS},
+    "neg_per_pos": "it defines every epoch's samples",
+    "approx_negatives": "it defines every epoch's samples",
+    "seed": "it defines every epoch's samples and order",
+    "batch_size": "it defines every epoch's steps",
+    "scaling": "it defines every epoch's steps and the learning rate's scale",
+    "amp": "the optimizer and loss-scaler state were made with it",
+    "amp_dtype": "the optimizer and loss-scaler state were made with it",
+}
+RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "curves.png")
 
 
 @dataclass(frozen=True)
@@ -102,6 +130,7 @@ class TrainConfig:
     data_dir: str  # prepared dataset directory (from `ncf prepare`)
     out: str | None = None  # run directory; default runs/<dataset>-<timestamp>
     resume: bool = False  # continue the run in --out from its last checkpoint
+    overwrite: bool = False  # replace an earlier run (ncf's own, nothing else) at --out
     device: str = "auto"  # auto | cpu | cuda
     epochs: int | None = None  # total epochs of the run (a resumed run trains the missing ones)
     batch_size: int | None = None  # global batch (strong scaling) or per-rank batch (weak)
@@ -124,8 +153,8 @@ class TrainConfig:
     scaling: str | None = None  # strong (global batch fixed) | weak (per-rank batch fixed)
     warmup_epochs: int | None = None  # epochs of linear lr ramp under weak scaling
     lr_decay: str | None = None  # none | linear | cosine: lr falls to 0 over the run's steps
-    eval_batch: int = 1 << 20  # most (user, item) rows scored at once in evaluation
-    keep_checkpoints: int = 3  # per-epoch checkpoints kept (last.pt and best.pt always kept)
+    eval_batch: int | None = None  # most (user, item) rows scored at once in evaluation
+    keep_checkpoints: int | None = None  # per-epoch checkpoints kept (last.pt, best.pt always)
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, Any, bool, str]] = [
@@ -190,8 +219,18 @@ class TrainConfig:
                 self.lr_decay is None or self.lr_decay in LR_DECAYS,
                 "one of " + ", ".join(LR_DECAYS),
             ),
-            ("--eval-batch", self.eval_batch, self.eval_batch >= 1, ">= 1"),
-            ("--keep-checkpoints", self.keep_checkpoints, self.keep_checkpoints >= 1, ">= 1"),
+            (
+                "--eval-batch",
+                self.eval_batch,
+                self.eval_batch is None or self.eval_batch >= 1,
+                ">= 1",
+            ),
+            (
+                "--keep-checkpoints",
+                self.keep_checkpoints,
+                self.keep_checkpoints is None or self.keep_checkpoints >= 1,
+                ">= 1",
+            ),
         ]
         for flag, value, ok, rule in checks:
             if not ok:
@@ -203,6 +242,9 @@ class TrainConfig:
                 raise NcfError(f"--layers: the first size must be even, got {self.layers[0]}", 2)
         if self.resume and self.out is None:
             raise NcfError("--resume needs --out RUN_DIR, the run to continue", exit_code=2)
+        if self.resume and self.overwrite:
+            raise NcfError("--resume continues the run in --out, --overwrite replaces it: "
+                           "choose one", exit_code=2)  # fmt: skip
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -224,7 +266,7 @@ def size_defaults(n_train: int) -> dict[str, Any]:
         "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
         "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
         "lr_decay": "none",
-        "model": "neumf", "target_hr": None,
+        "model": "neumf", "target_hr": None, "eval_batch": 1 << 20, "keep_checkpoints": 3,
     }  # fmt: skip
     if n_train < 200_000:
         tier = {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
@@ -241,18 +283,21 @@ def size_defaults(n_train: int) -> dict[str, Any]:
 def resolve(
     cfg: TrainConfig, n_train: int, world_size: int, saved: dict[str, Any] | None
 ) -> TrainConfig:
-    """Fill every None: from the resumed run's config when there is one, else the size defaults."""
-    fill = size_defaults(n_train) if saved is None else saved
+    """Fill every None: from the resumed run's config when there is one, else the size defaults.
+
+    On resume, an option in FIXED_ON_RESUME given with another value than the run's is refused.
+    """
+    fill = size_defaults(n_train) if saved is None else {**size_defaults(n_train), **saved}
     if saved is not None:
-        for name in ARCH_FIELDS:
+        for name, why in FIXED_ON_RESUME.items():
             given, had = getattr(cfg, name), saved.get(name)
             if name == "layers" and had is not None:
                 had = tuple(had)
             if given is not None and given != had:
-                flag = "--model" if name == "model" else f"--{name}"
+                flag = "--" + name.replace("_", "-")
                 raise NcfError(
-                    f"{flag} {given!r} differs from the run being resumed ({had!r}); "
-                    "a resumed run keeps its architecture"
+                    f"{flag} {given!r} differs from the run being resumed ({had!r}); it cannot "
+                    f"change on --resume ({why}): train a new run into another --out"
                 )
     values: dict[str, Any] = {}
     for f in fields(cfg):
@@ -268,7 +313,7 @@ def resolve(
 def tunables(cfg: TrainConfig) -> dict[str, Any]:
     """The resolved options saved in checkpoints (no paths, no device)."""
     d = asdict(cfg)
-    for k in ("data_dir", "out", "resume", "device"):
+    for k in ("data_dir", "out", "resume", "overwrite", "device"):
         d.pop(k)
     d["layers"] = list(cfg.layers) if cfg.layers is not None else None
     return d
@@ -476,6 +521,8 @@ def _write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -
     """checkpoints/last.pt, plus epoch_XXXX.pt as a hard link of it (one write, not two)."""
     cdir = run / ckpt.CKPT_DIR
     cdir.mkdir(parents=True, exist_ok=True)
+    if read_marker(cdir) is None:
+        write_marker(cdir, "checkpoints", [ckpt.LAST, "epoch_*.pt"])
     last = cdir / ckpt.LAST
     ckpt.save_checkpoint(last, state)
     if state.get("step", 0):
@@ -493,6 +540,26 @@ def _write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -
     for old in sorted(cdir.glob("epoch_*.pt"))[:-keep]:
         old.unlink(missing_ok=True)
     return named
+
+
+def _check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
+    """Refuse an --out that is not new, empty or (with --overwrite) ncf's own earlier run;
+    True when an earlier run is to be replaced."""
+    hint = "add --resume to continue it, --overwrite to replace it, or pick another --out"
+    legacy = (run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists()
+    if legacy and not cfg.overwrite:
+        raise NcfError(f"{run_dir} already holds a run: {hint}")
+    return check_out_dir(run_dir, "run", overwrite=cfg.overwrite, protect=[cfg.data_dir], hint=hint)
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+    """{option: [old, new]} for every resolved option a resume changed."""
+    out: dict[str, list[Any]] = {}
+    for k, new in after.items():
+        old = before.get(k)
+        if old != new and not (isinstance(old, list | tuple) and list(old) == list(new or [])):
+            out[k] = [old, new]
+    return out
 
 
 def _write_metrics(run: Path, history: list[dict[str, Any]]) -> None:
@@ -538,11 +605,10 @@ def _train(
                 f"(fingerprint {theirs}), not {cfg.data_dir} (fingerprint {data.fingerprint}); "
                 "train it into a new --out"
             )
-    elif env.is_main and ((run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists()):
-        raise NcfError(
-            f"{run_dir} already holds a run: add --resume to continue it, or pick another --out"
-        )
-    cfg = resolve(cfg, n_train, env.world_size, resumed["train_config"] if resumed else None)
+    replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
+    saved = resumed["train_config"] if resumed else None
+    cfg = resolve(cfg, n_train, env.world_size, saved)
+    resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     done = int(resumed["epoch"]) if resumed else 0
     if resumed and done >= cfg.epochs and not resumed.get("step", 0):
@@ -603,6 +669,14 @@ def _train(
         if resumed.get("step", 0) and same_layout:
             start_step = int(resumed["step"])
             partial = [float(x) for x in resumed.get("partial_loss", [0.0, 0.0])]
+        # The optimizer state carries the old run's Adam settings; the resolved ones apply now.
+        for g in optimizer.param_groups:
+            g["betas"], g["eps"] = betas, float(cfg.eps or 1e-8)
+        assert saved is not None
+        changed = _changes(saved, tunables(cfg))
+        if resumed.get("world_size") not in (None, env.world_size):
+            changed["world_size"] = [resumed.get("world_size"), env.world_size]
+        resumes.append({"epoch": done, "step": start_step, "changed": changed})
     ddp: torch.nn.Module = model
     if env.enabled:
         from torch.nn.parallel import DistributedDataParallel
@@ -636,10 +710,14 @@ def _train(
     dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
                     "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
     if env.is_main:
+        if replace_run:
+            remove_output(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        write_marker(run_dir, "run", RUN_ENTRIES)
         config = {"model": model_cfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
                   "world_size": env.world_size, "device": backend.describe(),
-                  "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
+                  "metrics": {"ks": list(KS), "tie_rule": TIE_RULE},
+                  "resumes": resumes}  # fmt: skip
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
 
     def state(
@@ -651,6 +729,7 @@ def _train(
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "torch_rng": torch.get_rng_state(), "history": history, "best": best,
+            "resumes": resumes,
         }  # fmt: skip
 
     # ---- the epochs ----------------------------------------------------------------------------
@@ -689,16 +768,18 @@ def _train(
             decay_steps = cfg.epochs * n_steps if cfg.lr_decay not in (None, "none") else 0
             step = first
             users = items = labels = None  # bound even when a resume starts past the last step
+            lr_first = lr_now = None
             for users, items, labels in batches.batches(first):
-                if (warm_steps and lr_peak != cfg.lr) or decay_steps:
-                    k = (epoch - 1) * n_steps + step
-                    lr_now = lr_peak
-                    if warm_steps:
-                        lr_now = cfg.lr + (lr_peak - cfg.lr) * min(1.0, k / warm_steps)
-                    if decay_steps:
-                        lr_now *= _decay(str(cfg.lr_decay), k / decay_steps)
-                    for g in optimizer.param_groups:
-                        g["lr"] = lr_now
+                # Set every step (a resumed run's optimizer state holds the old run's lr).
+                k = (epoch - 1) * n_steps + step
+                lr_now = lr_peak
+                if warm_steps:
+                    lr_now = cfg.lr + (lr_peak - cfg.lr) * min(1.0, k / warm_steps)
+                if decay_steps:
+                    lr_now *= _decay(str(cfg.lr_decay), k / decay_steps)
+                lr_first = lr_now if lr_first is None else lr_first
+                for g in optimizer.param_groups:
+                    g["lr"] = lr_now
                 with amp_ctx():
                     logits = ddp(users, items)
                     loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
@@ -734,7 +815,7 @@ def _train(
                     path = run_dir / ckpt.CKPT_DIR / ckpt.LAST
                     if env.is_main:
                         mid = state(epoch - 1, step, (loss_total, n_seen))
-                        _write_checkpoint(run_dir, mid, epoch - 1, cfg.keep_checkpoints)
+                        _write_checkpoint(run_dir, mid, epoch - 1, cfg.keep_checkpoints or 3)
                         if history:
                             _save_curves(run_dir / ckpt.CURVES, history)
                     raise NcfError(
@@ -749,13 +830,14 @@ def _train(
             loss_total, n_seen, _ = _read(acc, carried, interrupt.requested, env)
             epoch_loss = loss_total / max(n_seen, 1.0)
 
-            scores = {split: _evaluate(model, held, env, cfg.eval_batch, amp_ctx)
+            scores = {split: _evaluate(model, held, env, cfg.eval_batch or 1 << 20, amp_ctx)
                       for split, held in eval_sets.items()}  # fmt: skip
             metrics = scores[select]
             trained += 1
             record = {"epoch": epoch, "loss": epoch_loss, "validation": scores.get("validation"),
                       "test": scores["test"], "train_seconds": seconds,
-                      "samples_per_second": global_samples / max(seconds, 1e-9)}  # fmt: skip
+                      "samples_per_second": global_samples / max(seconds, 1e-9),
+                      "lr": lr_first, "lr_end": lr_now}  # fmt: skip
             history.append(record)
             key = (metrics["hr@10"], metrics["ndcg@10"])
             improved = best is None or key > (best[select]["hr@10"], best[select]["ndcg@10"])
@@ -763,7 +845,7 @@ def _train(
                 best = {"epoch": epoch, "selected_by": select, **scores}
             if env.is_main:
                 full = state(epoch)
-                _write_checkpoint(run_dir, full, epoch, cfg.keep_checkpoints)
+                _write_checkpoint(run_dir, full, epoch, cfg.keep_checkpoints or 3)
                 if improved:
                     ckpt.save_checkpoint(
                         run_dir / ckpt.BEST, {k: v for k, v in full.items() if k != "optimizer"}

@@ -250,7 +250,7 @@ def write_prepared(
     meta.setdefault("split", "time")
     meta["array_sha256"] = array_digest(host)
     meta["fingerprint"] = fingerprint(meta)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, "dataset") as tmp:
         for name, a in host.items():
             np.save(tmp / f"{name}.npy", a, allow_pickle=False)
         for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):

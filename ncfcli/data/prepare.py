@@ -104,6 +104,7 @@ class PrepareConfig:
     interactions: int | None = None  # synthetic: number of raw interactions
     preset: str | None = None  # synthetic: a shape preset (ml-100k, ml-1m, ml-20m)
     cache_dir: str | None = None  # downloads and default outputs; env NCF_CACHE_DIR
+    overwrite: bool = False  # replace an earlier prepared dataset at `out`
 
     def validate(self) -> None:
         if not self.source:
@@ -134,7 +135,7 @@ class PrepareConfig:
     def options(self) -> dict[str, Any]:
         """What shapes the content; not where it is read from or written to."""
         d = asdict(self)
-        for k in ("source", "out", "cache_dir"):
+        for k in ("source", "out", "cache_dir", "overwrite"):
             d.pop(k)
         return d
 
@@ -157,6 +158,15 @@ def resolve_out(config: PrepareConfig) -> Path:
     from ncfcli.data.sources import default_out
 
     return Path(config.out) if config.out else default_out(source_name(config), config.cache_dir)
+
+
+def check_out(config: PrepareConfig, out: Path) -> None:
+    """Refuse an output folder that ncf may not replace (see ncfcli.fsutil), before any work."""
+    from ncfcli.fsutil import check_out_dir
+
+    source = Path(config.source)
+    protect = [source] if config.source != SYNTHETIC and source.exists() else []
+    check_out_dir(out, "dataset", overwrite=config.overwrite, protect=protect)
 
 
 # ---- stages ---------------------------------------------------------------------------------
@@ -422,6 +432,7 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
     stage = _Stages(progress)
     xp = backend.xp
     out = resolve_out(config)
+    check_out(config, out)
     t0 = time.perf_counter()
 
     with stage("read") as note:
@@ -576,6 +587,7 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             "ncfcli_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        check_out(config, out)  # again: the folder may have changed while we worked
         meta = write_prepared(out, arrays, user_ids, item_ids, meta)
         note["done"] = str(out)
     meta = dict(meta)
