@@ -545,10 +545,11 @@ def _write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -
 def _check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
     """Refuse an --out that is not new, empty or (with --overwrite) ncf's own earlier run;
     True when an earlier run is to be replaced."""
+    if read_marker(run_dir) is None and (run_dir / ckpt.CKPT_DIR / ckpt.LAST).is_file():
+        # a run from before ncf recorded its output: it can be resumed, not replaced
+        raise NcfError(f"{run_dir} already holds a run: add --resume to continue it, or pick "
+                       "another --out")  # fmt: skip
     hint = "add --resume to continue it, --overwrite to replace it, or pick another --out"
-    legacy = (run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists()
-    if legacy and not cfg.overwrite:
-        raise NcfError(f"{run_dir} already holds a run: {hint}")
     return check_out_dir(run_dir, "run", overwrite=cfg.overwrite, protect=[cfg.data_dir], hint=hint)
 
 

@@ -115,6 +115,7 @@ def test_mf_table_output_and_custom_out(prepared_dir: Path, tmp_path: Path) -> N
     diff = float(re.search(r"max \|onnxruntime - torch\| │ (\S+)", res.stdout).group(1))
     assert diff <= 1e-5
     assert sorted(p.name for p in out.parent.iterdir()) == [
+        ".ncf-output.json",  # ncf's record of what it wrote there
         "item_ids.parquet",
         "ncf.json",
         "ncf.onnx",
@@ -128,7 +129,7 @@ def test_mf_table_output_and_custom_out(prepared_dir: Path, tmp_path: Path) -> N
         ([], "choose a format: --onnx"),
         (["--onnx", "--out", "{file}/model.onnx"], "cannot be created"),
         (["--onnx", "--out", "{tmp}/model.txt"], "--out must end in .onnx"),
-        (["--onnx", "--triton", "{file}"], "--triton directory"),
+        (["--onnx", "--overwrite", "--triton", "{file}"], "--triton directory"),
         (["--onnx", "--opset", "11"], "--opset must be >= 18, got 11"),
     ],
 )

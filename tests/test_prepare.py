@@ -144,7 +144,8 @@ def test_min_rating_and_min_interactions(tmp_path: Path) -> None:
     meta = read_meta(out)
     assert meta["dropped_users"] == 2 and meta["n_below_min_rating"] == 2
     assert meta["options"]["min_rating"] == 3
-    res = ncf(src, "--out", out, "--eval-negatives", 1, "--min-interactions", 1, "--json")
+    res = ncf(src, "--out", out, "--eval-negatives", 1, "--min-interactions", 1, "--json",
+              "--overwrite")  # fmt: skip
     assert json.loads(res.stdout)["n_users"] == 4
 
 

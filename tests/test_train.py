@@ -84,7 +84,8 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
 def test_run_directory_follows_the_checkpoint_contract(run4: tuple[Path, Any]) -> None:
     run, _ = run4
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert names == ["epoch_0002.pt", "epoch_0003.pt", "epoch_0004.pt", "last.pt"]  # keeps 3
+    assert names == [".ncf-output.json", "epoch_0002.pt", "epoch_0003.pt", "epoch_0004.pt",
+                     "last.pt"]  # keeps 3  # fmt: skip
     for name in ("config.json", "best.pt", "metrics.jsonl", "curves.png"):
         assert (run / name).is_file(), name
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

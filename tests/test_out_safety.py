@@ -1,0 +1,224 @@
+"""ncf never replaces what it did not write: `pytest tests/test_out_safety.py`.
+
+A folder of the user's own files given as --out (to prepare, train or export, with or without
+--overwrite) is byte-for-byte untouched, and the command ends with one error line. The root,
+home and current folders and the input's own folder are refused. ncf's own earlier output is
+replaced only with --overwrite, and not when the user has put a file of their own in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.cli import app
+from ncfcli.fsutil import MARKER, check_out_file, record_written, write_marker
+from tests._runs import make_run
+
+runner = CliRunner()
+TINY = ["--users", "40", "--items", "60", "--interactions", "400", "--eval-negatives", "5"]
+SMALL_TRAIN = ["--device", "cpu", "--factors", "4", "--layers", "8", "4", "--batch-size", "256",
+               "--neg-per-pos", "1", "--epochs", "1", "-q"]  # fmt: skip
+
+
+def ncf(*args: Any) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result: Any) -> str:
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder): equal means untouched."""
+    out: dict[str, bytes | None] = {".": None}
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(root, d), folder)] = None
+        for f in files:
+            p = os.path.join(root, f)
+            out[os.path.relpath(p, folder)] = Path(p).read_bytes()
+    return out
+
+
+def users_folder(path: Path, *names: str) -> Path:
+    """A folder of the user's own files (a nested one too), some named as ncf names its own."""
+    path.mkdir(parents=True)
+    (path / "thesis.tex").write_text("my only copy\n")
+    (path / "notes").mkdir()
+    (path / "notes" / "todo.txt").write_bytes(b"\x00\x01binary")
+    for name in names:
+        (path / name).write_text(f"the user's {name}\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("safety") / "data"
+    res = ncf("prepare", "synthetic", *TINY, "--out", out, "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_run(data, tmp_path_factory.mktemp("safety") / "run")
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize(
+    ("command", "names"),
+    [
+        ("prepare", ["meta.json", "train_users.npy"]),
+        ("train", ["config.json", "best.pt"]),
+        ("export", ["model.onnx", "model.json"]),
+        ("export-sidecar", ["user_ids.parquet"]),
+        ("triton", ["config.pbtxt"]),
+    ],
+)
+def test_a_folder_of_the_users_files_is_untouched(
+    data: Path, run: Path, tmp_path: Path, command: str, names: list[str], overwrite: bool
+) -> None:
+    target = tmp_path / "important"
+    args: list[Any] = {
+        "prepare": ["prepare", "synthetic", *TINY, "--device", "cpu", "-q", "--out", target],
+        "train": ["train", data, *SMALL_TRAIN, "--out", target],
+        "export": ["export", run, "--onnx", "--out", target / "model.onnx"],
+        "export-sidecar": ["export", run, "--onnx", "--out", target / "mine.onnx"],
+        "triton": ["export", run, "--onnx", "--out", tmp_path / "e" / "m.onnx",
+                   "--triton", tmp_path, "--name", "important"],
+    }[command]  # fmt: skip
+    users_folder(target, *names)
+    before = snapshot(target)
+    result = ncf(*args, *(["--overwrite"] if overwrite else []))
+    line = one_error_line(result)
+    assert "ncf did not write" in line, line
+    assert snapshot(target) == before
+
+
+@pytest.mark.parametrize("command", ["prepare", "train"])
+def test_special_folders_are_refused(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    home = users_folder(tmp_path / "home")
+    cwd = users_folder(home / "work")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    before = snapshot(home)
+    run_args = {"prepare": ["prepare", "synthetic", *TINY, "--device", "cpu", "-q"],
+                "train": ["train", data, *SMALL_TRAIN]}[command]  # fmt: skip
+    for out, says in [(".", "current folder"), ("..", "home folder"), ("~", "home folder"),
+                      (str(home), "home folder"), ("/", "root folder")]:  # fmt: skip
+        for extra in ([], ["--overwrite"]):
+            line = one_error_line(ncf(*run_args, "--out", out, *extra))
+            assert says in line, (out, line)
+    assert snapshot(home) == before
+
+
+def test_the_inputs_own_folder_is_refused(data: Path, tmp_path: Path) -> None:
+    src = tmp_path / "ml"
+    src.mkdir()
+    (src / "u.data").write_text("".join(f"{u}\t{i}\t5\t{u * i}\n" for u in range(1, 9)
+                                        for i in range(1, 7)))  # fmt: skip
+    before = snapshot(tmp_path)
+    for out in (src, tmp_path, src / "u.data"):
+        res = ncf("prepare", src / "u.data", "--eval-negatives", 1, "--out", out, "--overwrite",
+                  "--device", "cpu", "-q")  # fmt: skip
+        assert "holds the input" in one_error_line(res)
+    # a folder holding the run's dataset is not a run folder either
+    res = ncf("train", data, *SMALL_TRAIN, "--out", data.parent, "--overwrite")
+    assert "holds the input" in one_error_line(res)
+    assert snapshot(tmp_path) == before
+
+
+def test_prepare_replaces_its_own_dataset_only_with_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    first = ncf("prepare", "synthetic", *TINY, "--out", out, "--device", "cpu", "--json")
+    assert first.exit_code == 0, first.output
+    assert json.loads((out / MARKER).read_text())["kind"] == "dataset"
+    before = snapshot(out)
+    again = ncf("prepare", "synthetic", *TINY, "--seed", 1, "--out", out, "--device", "cpu", "-q")
+    assert "add --overwrite" in one_error_line(again)
+    assert snapshot(out) == before
+    replaced = ncf("prepare", "synthetic", *TINY, "--seed", 1, "--out", out, "--overwrite",
+                   "--device", "cpu", "-q")  # fmt: skip
+    assert replaced.exit_code == 0, replaced.output
+    assert json.loads((out / "meta.json").read_text())["seed"] == 1
+    # A file of the user's inside ncf's folder makes it the user's folder too.
+    (out / "my-analysis.ipynb").write_text("{}")
+    before = snapshot(out)
+    res = ncf("prepare", "synthetic", *TINY, "--out", out, "--overwrite", "--device", "cpu", "-q")
+    assert "'my-analysis.ipynb'" in one_error_line(res)
+    assert snapshot(out) == before
+    # A run is not a dataset: --overwrite does not turn one into the other.
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    write_marker(run, "run", ["config.json"])
+    before = snapshot(run)
+    res = ncf("prepare", "synthetic", *TINY, "--out", run, "--overwrite", "--device", "cpu", "-q")
+    assert "holds a training run, not a prepared dataset" in one_error_line(res)
+    assert snapshot(run) == before
+
+
+def test_train_replaces_its_own_run_only_with_overwrite(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert ncf("train", data, *SMALL_TRAIN, "--out", out).exit_code == 0
+    before = snapshot(out)
+    assert "--resume" in one_error_line(ncf("train", data, *SMALL_TRAIN, "--out", out))
+    assert snapshot(out) == before
+    res = ncf("train", data, *SMALL_TRAIN, "--seed", 5, "--out", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["train"]["seed"] == 5 and config["resumes"] == []
+    (out / "checkpoints" / "keep-me.txt").write_text("mine")
+    before = snapshot(out)
+    res = ncf("train", data, *SMALL_TRAIN, "--out", out, "--overwrite")
+    assert "'checkpoints/keep-me.txt'" in one_error_line(res)
+    assert snapshot(out) == before
+    # a dataset folder is not a run folder
+    res = ncf("train", data, *SMALL_TRAIN, "--out", data, "--overwrite")
+    assert "holds" in one_error_line(res)
+
+
+def test_export_replaces_its_own_files_only_with_overwrite(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "models" / "ncf.onnx"
+    users_folder(out.parent)  # the user's own files beside the model are fine: never touched
+    first = ncf("export", run, "--onnx", "--out", out, "--json")
+    assert first.exit_code == 0, first.output
+    mine = {k: v for k, v in snapshot(out.parent).items() if k in ("thesis.tex", "notes/todo.txt")}
+    before = snapshot(out.parent)
+    again = ncf("export", run, "--onnx", "--out", out)
+    assert "add --overwrite" in one_error_line(again)
+    assert snapshot(out.parent) == before
+    res = ncf("export", run, "--onnx", "--out", out, "--overwrite", "--json")
+    assert res.exit_code == 0, res.output
+    after = snapshot(out.parent)
+    assert {k: after[k] for k in mine} == mine
+
+
+def test_the_single_file_helper(tmp_path: Path) -> None:
+    """The check other commands' single-file outputs use (recommend --out recs.parquet)."""
+    from ncfcli.errors import NcfError
+
+    recs = tmp_path / "recs.parquet"
+    assert check_out_file(recs, overwrite=False) is False  # new: fine
+    recs.write_bytes(b"user's")
+    with pytest.raises(NcfError, match="ncf did not write it"):
+        check_out_file(recs, overwrite=True)
+    mine = tmp_path / "ncf.parquet"
+    mine.write_bytes(b"ncf's")
+    record_written(tmp_path, [mine.name])
+    with pytest.raises(NcfError, match="add --overwrite"):
+        check_out_file(mine, overwrite=False)
+    assert check_out_file(mine, overwrite=True) is True
+    with pytest.raises(NcfError, match="ncf did not write it"):  # the record names only its own
+        check_out_file(recs, overwrite=True)
