@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ runner = CliRunner()
 def exported(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     base = tmp_path_factory.mktemp("export")
     run = make_run(prepared_dir, base / "run", seed=5)
+    # last.pt holds other weights than best.pt: exporting the wrong checkpoint cannot pass
+    other = make_run(prepared_dir, base / "other", seed=6)
+    shutil.copyfile(other / "checkpoints" / "last.pt", run / "checkpoints" / "last.pt")
     res = runner.invoke(
         app,
         ["export", str(run), "--onnx", "--triton", str(base / "repo"), "--name", "neumf", "--json"],
@@ -68,6 +72,33 @@ def test_onnxruntime_matches_torch(exported: dict, batch: int) -> None:
         want = model(torch.from_numpy(users), torch.from_numpy(items)).numpy()
     assert got.shape == (batch,) and got.dtype == np.float32
     assert np.max(np.abs(got - want)) <= 1e-5
+
+
+def _checkpoint_model(path: Path) -> torch.nn.Module:
+    """The PyTorch model a checkpoint holds, built here from the file alone."""
+    from ncfcli.model import ModelConfig, build_model
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_model(ModelConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def test_parity_computed_here_on_every_pair(exported: dict) -> None:
+    """onnxruntime against the run's best.pt on every (user, item) pair, not the program's figure."""
+    users, items = np.meshgrid(np.arange(300, dtype=np.int64), np.arange(250, dtype=np.int64))
+    users, items = users.ravel(), items.ravel()
+    sess = ort.InferenceSession(exported["onnx"], providers=["CPUExecutionProvider"])
+    (got,) = sess.run(["logit"], {"user": users, "item": items})
+    with torch.no_grad():
+        best = _checkpoint_model(exported["run"] / "best.pt")(
+            torch.from_numpy(users), torch.from_numpy(items)
+        ).numpy()
+        last = _checkpoint_model(exported["run"] / "checkpoints" / "last.pt")(
+            torch.from_numpy(users), torch.from_numpy(items)
+        ).numpy()
+    assert np.max(np.abs(got - best)) <= 1e-5
+    assert np.max(np.abs(got - last)) > 0.1  # the comparison can tell the checkpoints apart
 
 
 def test_out_of_range_id_is_an_error_on_cpu(exported: dict) -> None:
