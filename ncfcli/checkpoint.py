@@ -19,14 +19,18 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
                     state: each epoch is a function of (seed, epoch) (see data/batches.py)
     history         list of per-epoch metric dicts
     best            {"epoch": int, "hr@10": float, "ndcg@10": float} or None
+    resumes         [{"epoch", "step", "changed": {option: [old, new]}}], one per --resume
 
 Run directory layout:
 
-    config.json     resolved config (model, train, dataset)
+    .ncf-output.json  what ncf wrote here (ncfcli/fsutil.py): only that is ever replaced
+    config.json     resolved config (model, train, dataset) and `resumes`, the changes made
     checkpoints/epoch_0003.pt ...   one per epoch (the newest few); last.pt is the newest
     best.pt         weights of the best epoch (by HR@10, then NDCG@10)
-    metrics.jsonl   one JSON object per epoch
+    metrics.jsonl   one JSON object per epoch (loss, HR@10, NDCG@10, seconds, samples/s, lr)
     curves.png      loss, HR@10 and NDCG@10 per epoch
+    eval.json       `ncf eval` results per protocol, K and dataset (ncfcli/eval_record.py)
+    export/         `ncf export`'s default folder
 """
 
 from __future__ import annotations
