@@ -1,13 +1,15 @@
 """RUN_DIR/eval.json, what `ncf eval` found: `python -m json.tool RUN_DIR/eval.json`.
 
-One row per (protocol, k, dataset), so a run folder is a complete record of its evaluations:
+One row per (held-out split, protocol, k, dataset), so a run folder is a complete record of its
+evaluations:
 
     {"kind": "ncfcli-eval", "format_version": 1, "results": [
-      {"protocol": "sampled" | "full ranking", "k": 10, "hr": ..., "ndcg": ..., "users": 943,
+      {"split": "test" | "validation", "protocol": "sampled" | "full ranking", "k": 10,
+       "hr": ..., "ndcg": ..., "users": 943, "dataset_split": "time" | "random",
        "candidates": "...", "tie_rule": "...", "checkpoint": "best.pt", "epoch": 7,
        "dataset": "/abs/path", "fingerprint": "...", "evaluated": "2026-...+00:00"}, ...]}
 
-A new evaluation replaces the rows with its own (protocol, k, dataset fingerprint) and keeps
+A new evaluation replaces the rows with its own (split, protocol, k, dataset fingerprint), keeps
 every other row, so `--k 5` after `--k 10` leaves both, and the sampled and full-ranking
 results sit side by side. Each row names the checkpoint (and its epoch) and the dataset it
 measured, so a row left from before a resumed run is recognisable. The file is rewritten
@@ -26,8 +28,9 @@ KIND = "ncfcli-eval"
 FORMAT_VERSION = 1
 
 
-def _key(row: dict[str, Any]) -> tuple[str, int, str]:
-    return (str(row.get("protocol")), int(row.get("k", 0)), str(row.get("fingerprint")))
+def _key(row: dict[str, Any]) -> tuple[str, str, int, str]:
+    return (str(row.get("split")), str(row.get("protocol")), int(row.get("k", 0)),
+            str(row.get("fingerprint")))  # fmt: skip
 
 
 def rows_for(result: dict[str, Any], protocol: str, run: Any, data: Any) -> list[dict[str, Any]]:
@@ -41,11 +44,13 @@ def rows_for(result: dict[str, Any], protocol: str, run: Any, data: Any) -> list
     ks = sorted({int(name.split("@")[1]) for name in result["metrics"]})
     return [
         {
+            "split": result.get("split", "test"),
             "protocol": protocol,
             "k": k,
             "hr": result["metrics"][f"hr@{k}"],
             "ndcg": result["metrics"][f"ndcg@{k}"],
             "users": result["users"],
+            "dataset_split": result.get("dataset_split"),
             "candidates": result["candidates"],
             "tie_rule": result["tie_rule"],
             "checkpoint": shown,

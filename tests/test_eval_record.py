@@ -21,10 +21,12 @@ def ncf_eval(*args: Any) -> Any:
     return runner.invoke(app, ["eval", *map(str, args), "--device", "cpu"])
 
 
-def saved(run: Path) -> dict[tuple[str, int, str], dict[str, Any]]:
+def saved(run: Path, split: str = "test") -> dict[tuple[str, int, str], dict[str, Any]]:
+    """{(protocol, k, fingerprint): row} of the rows of one held-out `split`."""
     doc = json.loads((run / "eval.json").read_text())
     assert doc["kind"] == "ncfcli-eval" and doc["format_version"] == 1
-    return {(r["protocol"], r["k"], r["fingerprint"]): r for r in doc["results"]}
+    rows = [r for r in doc["results"] if r["split"] == split]
+    return {(r["protocol"], r["k"], r["fingerprint"]): r for r in rows}
 
 
 @pytest.fixture()
@@ -58,6 +60,14 @@ def test_results_are_saved_per_protocol_and_k_and_merged(run: Path, prepared_dir
     again = ncf_eval(run, "--k", 10)
     assert again.exit_code == 0 and "saved in" in again.stdout
     assert len(json.loads((run / "eval.json").read_text())["results"]) == 3
+    # the validation split has rows of its own
+    valid = ncf_eval(run, "--k", 10, "--split", "validation", "--json")
+    assert valid.exit_code == 0, valid.output
+    assert (
+        saved(run, "validation")[("sampled", 10, fp)]["hr"]
+        == json.loads(valid.stdout)["metrics"]["hr@10"]
+    )
+    assert len(saved(run)) == 3
     assert not [p.name for p in run.iterdir() if ".tmp-" in p.name]  # written atomically
 
 

@@ -444,7 +444,7 @@ def test_no_validation_is_the_ncf_protocol(
               "--eval-negatives", 50, "--seed", 3, "--out", out, "--no-validation")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == [
-        "item_ids.parquet", "meta.json", "test_items.npy", "test_negatives.npy",
+        ".ncf-output.json", "item_ids.parquet", "meta.json", "test_items.npy", "test_negatives.npy",
         "train_items.npy", "train_users.npy", "user_ids.parquet"]  # fmt: skip
     for name in ("test_items.npy", "test_negatives.npy", "user_ids.parquet", "item_ids.parquet"):
         assert (out / name).read_bytes() == (with_valid / name).read_bytes(), name
