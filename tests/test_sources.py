@@ -28,9 +28,11 @@ U_DATA = "1\t10\t5\t100\n1\t20\t3\t200\n2\t10\t4\t50\n2\t30\t1\t60\n3\t40\t2\t7\
 
 def tiny_zip() -> bytes:
     buf = io.BytesIO()
+    # Fixed entry times: a name alone stamps the current time, and the MD5 must not change.
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("ml-tiny/README", "x" * 5000)  # some bulk so a resume has something to skip
-        zf.writestr("ml-tiny/u.data", U_DATA)
+        readme = zipfile.ZipInfo("ml-tiny/README", (2020, 1, 1, 0, 0, 0))
+        zf.writestr(readme, "x" * 5000)  # some bulk so a resume has something to skip
+        zf.writestr(zipfile.ZipInfo("ml-tiny/u.data", (2020, 1, 1, 0, 0, 0)), U_DATA)
     return buf.getvalue()
 
 

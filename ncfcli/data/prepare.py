@@ -161,12 +161,17 @@ def resolve_out(config: PrepareConfig) -> Path:
 
 
 def check_out(config: PrepareConfig, out: Path) -> None:
-    """Refuse an output folder that ncf may not replace (see ncfcli.fsutil), before any work."""
+    """Refuse an output folder that ncf may not replace (see ncfcli.fsutil), before any work.
+
+    Without --out the folder is ncf's own, in its cache: an earlier dataset there (and nothing
+    else) is replaced as a cache entry is, without --overwrite.
+    """
     from ncfcli.fsutil import check_out_dir
 
     source = Path(config.source)
     protect = [source] if config.source != SYNTHETIC and source.exists() else []
-    check_out_dir(out, "dataset", overwrite=config.overwrite, protect=protect)
+    overwrite = config.overwrite or not config.out
+    check_out_dir(out, "dataset", overwrite=overwrite, protect=protect)
 
 
 # ---- stages ---------------------------------------------------------------------------------
