@@ -272,9 +272,9 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         triton_model = Path(cfg.triton) / cfg.name
         check_out_dir(triton_model, "triton model", overwrite=cfg.overwrite, flag="--triton",
                       protect=[run.path])  # fmt: skip
-    new_folder = not out.parent.exists()
     _writable_dir(out.parent, "export directory")
-    if new_folder and out.parent.parent.resolve() == run.path.resolve() and read_marker(run.path):
+    if out.parent.parent.resolve() == run.path.resolve() and read_marker(run.path):
+        # Listed in the run's record; what the folder holds is checked against its own record.
         record_written(run.path, [out.parent.name])
     if cfg.triton is not None:
         _writable_dir(Path(cfg.triton), "--triton directory")

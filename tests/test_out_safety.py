@@ -175,10 +175,12 @@ def test_train_replaces_its_own_run_only_with_overwrite(data: Path, tmp_path: Pa
     before = snapshot(out)
     assert "--resume" in one_error_line(ncf("train", data, *SMALL_TRAIN, "--out", out))
     assert snapshot(out) == before
+    assert ncf("eval", out, "--k", 5, "--device", "cpu").exit_code == 0  # ncf's eval.json too
     res = ncf("train", data, *SMALL_TRAIN, "--seed", 5, "--out", out, "--overwrite")
     assert res.exit_code == 0, res.output
     config = json.loads((out / "config.json").read_text())
     assert config["train"]["seed"] == 5 and config["resumes"] == []
+    assert not (out / "eval.json").exists()  # the replaced run's results went with it
     (out / "checkpoints" / "keep-me.txt").write_text("mine")
     before = snapshot(out)
     res = ncf("train", data, *SMALL_TRAIN, "--out", out, "--overwrite")
