@@ -213,7 +213,9 @@ def _refuse_special(path: Path, flag: str, protect: Iterable[str | os.PathLike])
 def _check_replaceable(path: Path, kind: str, flag: str, overwrite: bool, hint: str = "") -> bool:
     """True when `path` holds ncf's own `kind` output (to be replaced); False when empty."""
     shown = f"{flag} {path}"
-    if not path.is_dir() or path.is_symlink():
+    if path.is_symlink():
+        raise NcfError(f"{shown} is a symbolic link; nothing was changed: give {flag} a folder")
+    if not path.is_dir():
         raise NcfError(f"{shown} is a file, not a folder; nothing was changed")
     if not [n for n in os.listdir(path) if not _is_ncf_temp(n)]:
         return False

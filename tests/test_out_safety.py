@@ -123,6 +123,18 @@ def test_special_folders_are_refused(
     assert snapshot(home) == before
 
 
+def test_a_file_or_a_link_as_out_is_refused(data: Path, tmp_path: Path) -> None:
+    users_folder(tmp_path / "mine")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    before = snapshot(tmp_path)
+    for out, says in ((tmp_path / "notes.txt", "is a file"), (tmp_path / "link", "symbolic link")):
+        for args in (["prepare", "synthetic", *TINY, "--device", "cpu", "-q"],
+                     ["train", data, *SMALL_TRAIN]):  # fmt: skip
+            assert says in one_error_line(ncf(*args, "--out", out, "--overwrite"))
+    assert snapshot(tmp_path) == before
+
+
 def test_the_inputs_own_folder_is_refused(data: Path, tmp_path: Path) -> None:
     src = tmp_path / "ml"
     src.mkdir()
