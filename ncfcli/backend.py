@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -34,40 +35,124 @@ def _driver_present() -> bool:
     return os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda") is not None
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
 @functools.cache
-def _cupy() -> ModuleType | None:
-    """CuPy if it imports and sees at least one GPU, else None."""
-    if importlib.util.find_spec("cupy") is None or not _driver_present():
-        return None
+def _note(message: str) -> None:
+    """One line on stderr, once per process: what the GPU set-up chose and why."""
+    print(f"note: {message}", file=sys.stderr, flush=True)
+
+
+@functools.cache
+def _cupy_probe() -> tuple[ModuleType | None, str]:
+    """(cupy, "") when CuPy imports and sees a GPU, else (None, why not)."""
+    if importlib.util.find_spec("cupy") is None:
+        return None, "CuPy is not installed (see the README's GPU install)"
+    if not _driver_present():
+        return None, "no NVIDIA driver found"
     try:
         import cupy
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None
-    except Exception:  # a CuPy wheel on a machine without a driver raises here
-        return None
-    return cupy
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as e:  # e.g. cudaErrorInsufficientDriver: the driver predates CuPy's CUDA
+        return None, f"CuPy cannot use the GPU driver: {_first_line(e)}"
+    if count < 1:
+        return None, "CuPy sees no GPU"
+    return cupy, ""
+
+
+def _cupy() -> ModuleType | None:
+    """CuPy if it imports and sees at least one GPU, else None."""
+    return _cupy_probe()[0]
+
+
+def _driver_cuda(cp: ModuleType) -> str:
+    """The newest CUDA version the installed driver supports, e.g. "12.4" ("?" if unknown)."""
+    try:
+        v = int(cp.cuda.runtime.driverGetVersion())
+    except Exception:
+        return "?"
+    return f"{v // 1000}.{v % 1000 // 10}"
+
+
+@functools.cache
+def _torch_cuda_probe() -> tuple[int, str]:
+    """(GPUs torch can use, "") or (0, why torch cannot use the GPU CuPy sees).
+
+    torch.cuda.is_available and device_count ask the driver without creating a context or
+    initialising torch's allocator, so RMM can still be put under torch afterwards.
+    """
+    import torch
+
+    cp = _cupy()
+    built = getattr(torch.version, "cuda", None)
+    if built is None:
+        return 0, f"torch {torch.__version__} is a CPU-only build (install a CUDA 12 build)"
+    try:
+        count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception as e:
+        return 0, f"torch {torch.__version__} cannot use the GPU: {_first_line(e)}"
+    if count > 0:
+        return count, ""
+    driver = _driver_cuda(cp) if cp is not None else "?"
+    why = f"torch {torch.__version__} (built for CUDA {built}) sees no GPU"
+    if driver != "?" and int(built.split(".")[0]) > int(driver.split(".")[0]):
+        why += f": the driver supports CUDA up to {driver}, too old for CUDA {built.split('.')[0]}"
+    return 0, why
+
+
+@functools.cache
+def cuda_status() -> tuple[int, str]:
+    """(GPUs `--device cuda` can use, "") or (0, why none): CuPy and torch must both see them.
+
+    CuPy alone is not enough: a CPU-only torch, or a torch built for a newer CUDA major than the
+    driver supports, would fail at the first torch.cuda call.
+    """
+    cp, why = _cupy_probe()
+    if cp is None:
+        return 0, why
+    n_cupy = int(cp.cuda.runtime.getDeviceCount())
+    n_torch, why = _torch_cuda_probe()
+    if n_torch == 0:
+        return 0, why
+    if n_torch != n_cupy:
+        return 0, f"CuPy sees {n_cupy} GPU(s) but torch sees {n_torch}"
+    return n_cupy, ""
+
+
+def cuda_available() -> bool:
+    """Whether `--device cuda` can work here: CuPy and torch see the same GPUs."""
+    return cuda_status()[0] > 0
+
+
+def cudf_installed() -> bool:
+    """Whether cuDF is installed (found, not imported: importing it takes seconds)."""
+    return importlib.util.find_spec("cudf") is not None
 
 
 @functools.cache
 def _cudf() -> ModuleType | None:
-    if _cupy() is None or importlib.util.find_spec("cudf") is None:
+    cp = _cupy()
+    if cp is None or not cudf_installed():
         return None
+    allocator = cp.cuda.get_allocator()
     try:
         import cudf
-    except Exception:
+    except Exception as e:
+        _note(f"cuDF does not import ({_first_line(e)}); files are read with pandas")
         return None
+    finally:
+        # Importing cuDF points CuPy at RMM's current resource (cudf/__init__.py); keep what
+        # _cuda_init chose, so that with NCF_RMM=0 CuPy keeps its own pool.
+        cp.cuda.set_allocator(allocator)
     return cudf
 
 
-def cuda_available() -> bool:
-    """Whether `--device cuda` can work here: CuPy sees a GPU."""
-    return _cupy() is not None
-
-
 def gpu_count() -> int:
-    cp = _cupy()
-    return 0 if cp is None else int(cp.cuda.runtime.getDeviceCount())
+    return cuda_status()[0]
 
 
 def gpu_names() -> list[str]:
@@ -75,58 +160,81 @@ def gpu_names() -> list[str]:
     if cp is None:
         return []
     names = []
-    for i in range(gpu_count()):
+    for i in range(int(cp.cuda.runtime.getDeviceCount())):
         props = cp.cuda.runtime.getDeviceProperties(i)
         name = props["name"]
         names.append(name.decode() if isinstance(name, bytes) else str(name))
     return names
 
 
+# What _cuda_init set up: the allocator in words, RMM's statistics adaptor, torch on RMM or not.
+_ALLOC: dict[str, Any] = {}
+
+
 @functools.cache
 def _cuda_init(device_index: int) -> None:
-    """Bind this process to one GPU and, when RMM is there, serve cuDF, CuPy and torch from one pool.
+    """Put cuDF, CuPy and torch on one RMM pool when RMM is there, then bind this process's GPU.
 
-    Order matters: the pool must exist before the first allocation on the device, and torch's
-    allocator can only be swapped before torch allocates anything.
+    Order matters (rmm/docs/user_guide/guide.md; torch/csrc/cuda/CUDAPluggableAllocator.cpp):
+    RMM's resource must be set before anything allocates on the device, and torch's allocator
+    can only be swapped before torch initialises CUDA, which `torch.cuda.set_device` does. So:
+    RMM first, then torch's allocator, then bind the device.
     """
     cp = _cupy()
     assert cp is not None
     import torch
 
-    torch.cuda.set_device(device_index)
+    _ALLOC["name"] = _use_rmm(cp, torch, device_index)
     cp.cuda.Device(device_index).use()
-    if os.environ.get("NCF_RMM", "1") == "0" or importlib.util.find_spec("rmm") is None:
-        return
+    torch.cuda.set_device(device_index)
+
+
+def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
+    """Make RMM's pool serve CuPy and torch on `device_index`; return the allocator in words.
+
+    The pool is RMM's CudaAsyncMemoryResource (the driver's cudaMallocAsync pool): it reserves
+    nothing up front and grows with use, so cuDF, CuPy and torch share the card with no fixed
+    split (rmm.reinitialize's PoolMemoryResource takes half of the GPU at start-up, which a torch
+    outside the pool could never use). Anything that stops RMM from being used is one line on
+    stderr naming the allocator that is used instead.
+    """
+    own = "CuPy's and torch's own pools"
+    if os.environ.get("NCF_RMM", "1") == "0":
+        return f"{own} (NCF_RMM=0)"
+    if importlib.util.find_spec("rmm") is None:
+        return f"{own} (RMM not installed)"
     try:
         import rmm
+        import rmm.mr
         from rmm.allocators.cupy import rmm_cupy_allocator
         from rmm.allocators.torch import rmm_torch_allocator
-    except Exception:
-        return
-    rmm.reinitialize(pool_allocator=True, devices=device_index)
-    try:
-        rmm.statistics.enable_statistics()  # a peak-bytes counter for `ncf prepare`'s report
-    except Exception:
-        pass
+
+        with cp.cuda.Device(device_index):  # a resource belongs to the device current at creation
+            stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
+        rmm.mr.set_per_device_resource(device_index, stats)
+    except Exception as e:
+        _note(f"RMM could not be used ({_first_line(e)}); allocator: {own}")
+        return f"{own} (RMM failed)"
     cp.cuda.set_allocator(rmm_cupy_allocator)
-    if rmm_torch_allocator is not None:
-        try:
-            torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
-        except RuntimeError:
-            pass  # torch already allocated in this process: it keeps its own pool
-
-
-def _rmm_peak_bytes() -> int | None:
-    """RMM's peak bytes when RMM statistics are on (see _cuda_init), else None."""
-    if importlib.util.find_spec("rmm") is None:
-        return None
+    _ALLOC["stats"] = stats
+    beside = "RMM async pool for cuDF and CuPy, torch's own pool beside it"
+    if rmm_torch_allocator is None:
+        _note(f"RMM has no allocator for this torch build; allocator: {beside}")
+        return beside
     try:
-        import rmm
+        torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+    except (
+        Exception
+    ) as e:  # torch initialised CUDA before us: "Can't swap an already initialized allocator"
+        _note(f"torch's allocator could not be swapped ({_first_line(e)}); allocator: {beside}")
+        return beside
+    _ALLOC["torch_on_rmm"] = True
+    return "RMM async pool (cuDF, CuPy, torch)"
 
-        stats = rmm.statistics.get_statistics()
-    except Exception:
-        return None
-    return None if stats is None else int(stats.peak_bytes)
+
+def allocator() -> str | None:
+    """The GPU allocator this process set up, in words (None before any GPU use)."""
+    return _ALLOC.get("name")
 
 
 @dataclass(frozen=True)
@@ -182,50 +290,59 @@ class Backend:
     def peak_memory_bytes(self) -> int | None:
         """Device memory high-water mark of this process, or None on the CPU.
 
-        torch's peak allocation plus the CuPy pool's size: the pool keeps freed blocks, so its
-        size is the most the array code held at once (with RMM's pool, RMM's own high-water).
+        With torch on RMM, RMM's statistics count every allocation (torch's pluggable allocator
+        keeps no statistics of its own: max_memory_allocated raises there). Otherwise torch's
+        peak plus the array code's: RMM's high-water, or the size of CuPy's pool, which keeps
+        freed blocks and so is the most the array code held at once.
         """
         if not self.is_cuda:
             return None
+        stats = _ALLOC.get("stats")
+        rmm_peak = None if stats is None else int(stats.allocation_counts.peak_bytes)
+        if rmm_peak is not None and _ALLOC.get("torch_on_rmm"):
+            return rmm_peak
         import torch
 
         peak = int(torch.cuda.max_memory_allocated(self.device_index))
-        stats = _rmm_peak_bytes()
-        if stats is not None:
-            return peak + stats
+        if rmm_peak is not None:
+            return peak + rmm_peak
         pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
         return peak + int(pool.total_bytes())
 
     def describe(self) -> str:
+        """What runs here, in words; never imports cuDF (seconds of start-up in every rank)."""
         if not self.is_cuda:
             return "cpu (numpy + pandas/pyarrow)"
         names = gpu_names()
         name = names[self.device_index] if self.device_index < len(names) else "GPU"
-        return f"cuda:{self.device_index} {name} (cupy + {self.frame_library})"
+        frames = "cudf" if cudf_installed() else "pandas"
+        return f"cuda:{self.device_index} {name} (cupy + {frames}; {allocator() or 'not set up'})"
 
 
 def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
-    """Resolve `--device auto|cpu|cuda` to a Backend; `cuda` without a GPU is a user error."""
+    """Resolve `--device auto|cpu|cuda` to a Backend; `cuda` without a usable GPU is a user error.
+
+    `auto` takes the GPU only where CuPy and torch both see the same GPUs, else the CPU (with a
+    one-line note where a driver suggests a GPU was meant). `device_index` is the process's local
+    rank: it maps to GPU local_rank % visible, so a SLURM task that sees only its own GPU
+    (SLURM_LOCALID=1, one visible GPU) takes GPU 0.
+    """
     if device not in DEVICES:
         raise NcfError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if device == "cpu" or (device == "auto" and not cuda_available()):
+    if device == "cpu":
         return Backend("cpu", np, 0)
+    count, why = cuda_status()
+    if count == 0:
+        if device == "auto":
+            if _driver_present():
+                _note(f"--device auto: using the CPU: {why}")
+            return Backend("cpu", np, 0)
+        raise NcfError(f"--device cuda: {why}; use --device cpu, or see the README's GPU install")
     cp = _cupy()
-    if cp is None:
-        raise NcfError(
-            "--device cuda: no usable GPU found (CuPy is "
-            + (
-                "installed but sees no device"
-                if importlib.util.find_spec("cupy")
-                else "not installed"
-            )
-            + "); use --device cpu, or install the gpu extra: pip install 'ncfcli[gpu]'"
-        )
-    count = gpu_count()
-    if device_index >= count:
-        raise NcfError(f"GPU {device_index} requested but only {count} GPU(s) are visible")
-    _cuda_init(device_index)
-    return Backend("cuda", cp, device_index)
+    assert cp is not None
+    index = device_index % count
+    _cuda_init(index)
+    return Backend("cuda", cp, index)
 
 
 def read_table_gpu(path: str, fmt: str, **kwargs: Any) -> Any:

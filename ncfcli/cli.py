@@ -93,12 +93,14 @@ def info(json_out: bool = JsonOpt) -> None:
     from ncfcli.ui import out_console, print_json, summary_table
 
     vers = backend.versions()
-    cuda = backend.cuda_available()
-    cudf = cuda and backend.get_backend("cuda").frame_library == "cudf"
+    n_gpus, why = backend.cuda_status()
+    cuda = n_gpus > 0
+    cudf = cuda and backend.cudf_installed()  # found, not imported (seconds)
     gpus = backend.gpu_names()
     data: dict[str, Any] = {
         "versions": vers,
         "backends": {"cpu": True, "cuda": cuda, "cudf": cudf},
+        "cuda_problem": why or None,
         "gpus": gpus,
     }
     try:
@@ -114,7 +116,7 @@ def info(json_out: bool = JsonOpt) -> None:
     rows: list[tuple[str, Any]] = [(k, v) for k, v in vers.items()]
     rows += [
         ("backend cpu", "yes (numpy + pandas/pyarrow)"),
-        ("backend cuda", "yes" if cuda else "no (no GPU visible to CuPy)"),
+        ("backend cuda", "yes" if cuda else f"no ({why})"),
         ("cuDF reader", "yes" if cudf else "no"),
         ("GPUs", ", ".join(gpus) or "none"),
         ("torch CUDA", "yes" if data["torch_cuda"] else "no"),
