@@ -1,0 +1,66 @@
+"""benchmarks/device_check.sh runs end to end from a checkout: `pytest tests/test_device_check.py`.
+
+The script is what a lent GPU box runs first, with minutes to spare, so it must not discover
+its own bugs there. Its CPU smoke mode (`NCF_CHECK_DEVICE=cpu NCF_CHECK_SIZE=ml-100k`) runs
+every step on small synthetic data; here it runs as a fresh checkout would run it: no `ncf`
+console script on PATH, the interpreter given as $PYTHON. Every planned step must end `OK`,
+and no line may say FAILED or SKIPPED. About a minute on 2 idle cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = ("machine", "tests", "prepare", "train-tf32", "eval-full",
+         "eval-sampled", "export", "recommend", "scaling")  # fmt: skip
+
+
+def _path_without_ncf() -> str:
+    """PATH minus every folder holding an `ncf` script (the venv's bin included)."""
+    venv_bin = Path(sys.executable).parent
+    keep = [
+        d
+        for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+        if d and Path(d) != venv_bin and not (Path(d) / "ncf").exists()
+    ]
+    return os.pathsep.join(keep)
+
+
+def test_device_check_cpu_smoke_run_completes_every_step(tmp_path: Path) -> None:
+    path = _path_without_ncf()
+    assert shutil.which("ncf", path=path) is None
+    assert shutil.which("bash", path=path) and shutil.which("timeout", path=path)
+    env = {
+        **os.environ,
+        "PATH": path,
+        "PYTHON": sys.executable,
+        "NCF_CHECK_DEVICE": "cpu",
+        "NCF_CHECK_SIZE": "ml-100k",
+        "NCF_BENCH_DIR": str(tmp_path / "work"),
+    }
+    env.pop("NCF_CACHE_DIR", None)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", "benchmarks/device_check.sh", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    text = proc.stdout + proc.stderr
+    bad = [line for line in text.splitlines() if "FAILED" in line or "SKIPPED" in line]
+    assert not bad, text[-4000:]
+    assert proc.returncode == 0, text[-4000:]
+    summary = (out / "summary.txt").read_text()
+    missing = [s for s in STEPS if f"\nOK: {s} (" not in summary]
+    assert not missing, summary
+    assert f"done: {len(STEPS)} of {len(STEPS)} steps OK" in summary
+    # the figures the README promises, printed from each step's own output
+    for figure in ("samples/s", "full ranking, 943 users", "max abs diff", "efficiency"):
+        assert figure in summary, figure
