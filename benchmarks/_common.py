@@ -25,6 +25,7 @@ if str(REPO) not in sys.path:
 
 SHARED_ML100K = REPO.parent / "shared" / "data" / "ml-100k"
 MISSED = 1  # exit status of a benchmark that misses its own target
+NO_DATA = 2  # exit status when the data is not found
 
 
 def ncf_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -60,7 +61,8 @@ def find_ml100k(given: str | None) -> Path:
     if given:
         path = Path(given).expanduser()
         if not path.exists():
-            sys.exit(f"error: --data {given}: no such file or folder")
+            print(f"error: --data {given}: no such file or folder", file=sys.stderr)
+            raise SystemExit(NO_DATA)
         return path
     from ncfcli.data.sources import cache_dir
 
@@ -68,11 +70,13 @@ def find_ml100k(given: str | None) -> Path:
     for candidate in (cached, SHARED_ML100K / "u.data"):
         if candidate.exists():
             return candidate
-    sys.exit(
+    print(
         "error: MovieLens-100K not found: give --data PATH (u.data, its folder or ml-100k.zip), "
         f"or run `ncf prepare ml-100k` once (it downloads into the ncf cache, {cached.parent}), "
-        f"or put it at {SHARED_ML100K}/u.data"
+        f"or put it at {SHARED_ML100K}/u.data",
+        file=sys.stderr,
     )
+    raise SystemExit(NO_DATA)
 
 
 def spread(values: Sequence[float], fmt: str = "{:.2f}", unit: str = "") -> str:
