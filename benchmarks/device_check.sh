@@ -111,8 +111,9 @@ if [ "$DEV" = cuda ]; then
 fi
 grep -E "torch|cupy|cudf|rmm|backend|GPUs|CUDA" "$OUT_DIR/machine.out" | sed 's/^/  /' | tee -a "$SUMMARY"
 
-tests=(tests/test_cupy_api.py tests/test_backend.py)
-[ "$DEV" = cuda ] && tests=(tests/test_gpu.py "${tests[@]}")
+# test_backend.py first: it resets ncfcli.backend's caches, which the GPU tests then fill for real.
+tests=(tests/test_backend.py tests/test_cupy_api.py)
+[ "$DEV" = cuda ] && tests+=(tests/test_gpu.py)
 # -rs lists every skipped test with its reason; a GPU test that skips on a GPU box is a finding.
 step tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider "${tests[@]}"
 tail -n 8 "$OUT_DIR/tests.out" | grep -E "passed|failed|SKIPPED|error" | sed 's/^/  /' | tee -a "$SUMMARY"

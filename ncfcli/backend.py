@@ -2,8 +2,10 @@
 
 Everything above this module is written once against the NumPy API, which CuPy mirrors; it
 receives the array module as `backend.xp`. This is the only module that imports cupy, cudf or
-rmm (ruff's banned-api rule enforces it), and the GPU-only lines are the `_cuda_*` functions and
-the `if self.is_cuda` branches below. On a machine without a GPU none of them runs.
+rmm (ruff's banned-api rule enforces it), and the GPU-only lines are `_cuda_init`, `_use_rmm`
+and the `if self.is_cuda` branches below. On a machine without a GPU none of them runs;
+tests/test_backend.py runs them on a CPU against stand-in cupy/torch/rmm modules. What is run
+and what is reasoned on a GPU: docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -49,10 +51,10 @@ def _note(message: str) -> None:
 @functools.cache
 def _cupy_probe() -> tuple[ModuleType | None, str]:
     """(cupy, "") when CuPy imports and sees a GPU, else (None, why not)."""
-    if importlib.util.find_spec("cupy") is None:
-        return None, "CuPy is not installed (see the README's GPU install)"
     if not _driver_present():
         return None, "no NVIDIA driver found"
+    if importlib.util.find_spec("cupy") is None:
+        return None, "CuPy is not installed (see the README's GPU install)"
     try:
         import cupy
 
