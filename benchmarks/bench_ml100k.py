@@ -3,8 +3,9 @@
 `ncf prepare DATA --out TMP/data` once, then per repeat: `ncf train TMP/data --json` with no
 tuning flags (wall seconds of the whole process: interpreter start and imports included),
 `ncf eval RUN --full-ranking` (wall seconds) and `ncf export RUN --onnx` (onnxruntime against
-PyTorch at batch 1, 7 and 100,000). Prints test HR@10 and NDCG@10, and each time as median,
-min and max over the repeats, with the machine's core count and load.
+PyTorch at batch 1, 7 and 100,000). Prints test HR@10 and NDCG@10 at the chosen epoch (and
+validation's, with the epoch and what chose it), and each time as median, min and max over the
+repeats, with the machine's core count and load.
 
 Data: --data PATH (u.data, its folder or ml-100k.zip), else the ncf cache (`ncf prepare
 ml-100k` downloads there), else ../shared/data/ml-100k beside the checkout.
@@ -55,6 +56,9 @@ def main() -> int:
                                  *args.train_args)  # fmt: skip
             train_s.append(wall)
             metrics.append((result["metrics"]["hr@10"], result["metrics"]["ndcg@10"]))
+            valid = result.get("validation") or {}
+            chosen = (f"epoch {result['best_epoch']} of {result['epochs']}, chosen by "
+                      f"{result.get('selected_by', 'test')}")  # fmt: skip
             wall, _ = timed("eval", run, "--full-ranking", "--device", args.device)
             eval_s.append(wall)
             _, exported = timed("export", run, "--onnx", "--out", str(Path(tmp) / f"m{k}.onnx"))
@@ -63,10 +67,12 @@ def main() -> int:
                   f"full-ranking eval {eval_s[-1]:.1f} s, export max abs diff {diffs[-1]:.2g}",
                   flush=True)  # fmt: skip
     hr, ndcg = metrics[0]
+    if valid:
+        print(f"validation HR@10 {valid['hr@10']:.4f}  NDCG@10 {valid['ndcg@10']:.4f}; {chosen}")
     same = all(m == metrics[0] for m in metrics)
     ok = hr >= HR_MIN and ndcg >= NDCG_MIN
     wall_ok = statistics.median(train_s) <= WALL_MAX_S
-    print(f"HR@10 {hr:.4f}  NDCG@10 {ndcg:.4f} ({'the same in every run' if same else 'VARIES'}); "
+    print(f"test HR@10 {hr:.4f}  NDCG@10 {ndcg:.4f} ({'the same in every run' if same else 'VARIES'}); "
           + verdict(ok and same, f"HR@10 >= {HR_MIN}, NDCG@10 >= {NDCG_MIN}"))  # fmt: skip
     print(
         f"ncf train wall: {spread(train_s, '{:.1f}', 's')}; "
