@@ -4,7 +4,8 @@ The script is what a lent GPU box runs first, with minutes to spare, so it must 
 its own bugs there. Its CPU smoke mode (`NCF_CHECK_DEVICE=cpu NCF_CHECK_SIZE=ml-100k`) runs
 every step on small synthetic data; here it runs as a fresh checkout would run it: no `ncf`
 console script on PATH, the interpreter given as $PYTHON. Every planned step must end `OK`,
-and no line may say FAILED or SKIPPED. About a minute on 2 idle cores.
+and no line may say FAILED or SKIPPED. About a minute on 2 idle cores. It needs CuPy's
+wheel (CI installs it, .ci/run): without it the CuPy API check cannot run and says SKIPPED.
 """
 
 from __future__ import annotations
