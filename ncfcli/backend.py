@@ -84,8 +84,8 @@ def _driver_cuda(cp: ModuleType) -> str:
 def _torch_cuda_probe() -> tuple[int, str]:
     """(GPUs torch can use, "") or (0, why torch cannot use the GPU CuPy sees).
 
-    torch.cuda.is_available and device_count ask the driver without creating a context or
-    initialising torch's allocator, so RMM can still be put under torch afterwards.
+    torch.cuda.is_available and device_count ask the driver without torch's lazy CUDA
+    initialisation (which would fix torch's allocator), so RMM can still be put under torch.
     """
     import torch
 
@@ -225,9 +225,8 @@ def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
         return beside
     try:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
-    except (
-        Exception
-    ) as e:  # torch initialised CUDA before us: "Can't swap an already initialized allocator"
+    # torch initialised CUDA before us: "Can't swap an already initialized allocator"
+    except Exception as e:
         _note(f"torch's allocator could not be swapped ({_first_line(e)}); allocator: {beside}")
         return beside
     _ALLOC["torch_on_rmm"] = True
