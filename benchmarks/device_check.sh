@@ -45,8 +45,14 @@ BUDGET=${NCF_CHECK_BUDGET_S:-450}
 DEADLINE=$(($(date +%s) + BUDGET))
 SUMMARY="$OUT_DIR/summary.txt"
 DATA="$WORK/$SIZE"
-# What this script writes in OUT_DIR, removed from an earlier run so each run starts clean.
-rm -rf "$OUT_DIR"/run-tf32 "$OUT_DIR"/run-amp "$OUT_DIR"/ncf.onnx "$OUT_DIR"/triton "$OUT_DIR"/*.log "$OUT_DIR"/*.out
+STEPS=(machine tests prepare prepare-cpu train-tf32 train-amp eval-full eval-sampled export recommend scaling)
+# What an earlier run of this script wrote in OUT_DIR is removed (and nothing else), so each
+# run starts clean: the step logs, runs that hold ncf's config.json, the export folder.
+for name in "${STEPS[@]}"; do rm -f "$OUT_DIR/$name.out" "$OUT_DIR/$name.log"; done
+for run in run-tf32 run-amp; do
+  [ -f "$OUT_DIR/$run/config.json" ] && rm -rf "${OUT_DIR:?}/$run"
+done
+[ -f "$OUT_DIR/export/ncf.onnx" ] && rm -rf "${OUT_DIR:?}/export"
 : >"$SUMMARY"
 NCF=("$PY" -m ncfcli) # a command, not a shell function, so `timeout` can run it
 PLANNED=0
@@ -168,7 +174,9 @@ else
     figure eval-full "f'full ranking, {d[\"users\"]} users: {d[\"metrics\"]} in $SECS s (whole command)'"
   step eval-sampled 90 "${NCF[@]}" eval "$RUN" --device "$DEV" --json --k 1 5 10 20 &&
     figure eval-sampled "f'sampled: {d[\"metrics\"]}'"
-  step export 150 "${NCF[@]}" export "$RUN" --onnx --out "$OUT_DIR/ncf.onnx" --triton "$OUT_DIR/triton" --json &&
+  mkdir -p "$OUT_DIR/export"
+  step export 150 "${NCF[@]}" export "$RUN" --onnx --out "$OUT_DIR/export/ncf.onnx" \
+    --triton "$OUT_DIR/export/triton" --json &&
     figure export "f'onnxruntime vs torch: max abs diff {d[\"max_abs_diff\"]:.2g}'"
   step recommend 60 "${NCF[@]}" recommend "$RUN" --user 1 -k 10 --device "$DEV" --json &&
     figure recommend "f'user {d[\"user\"]}: {d[\"items\"]}'"
