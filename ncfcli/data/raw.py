@@ -16,9 +16,11 @@ What a path may be:
 
 The result has raw user and item ids (integers as an int32/int64 backend array, strings as a host
 pyarrow array), an int64 timestamp whose order is the only thing used, and an optional rating.
-On the CPU, PyArrow's multi-threaded CSV reader reads only the needed columns; with cuDF the file
-is parsed on the GPU, except `::` files, which cuDF cannot split (one-character separators only)
-and which go through the CPU reader first.
+How values are read (string ids, ISO-8601 or fractional times, empty cells) is decided in
+ncfcli/data/values.py, once for both backends, whatever the columns are called. The readers
+only split the file into columns: on the CPU, PyArrow's multi-threaded CSV reader (only the
+needed columns); with cuDF, the GPU, except `::` files, which cuDF cannot split
+(one-character separators only) and which go through the CPU reader first.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -35,16 +38,15 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
-
-from ncfcli.backend import Backend, frame_column_to_array, read_table_gpu
-from ncfcli.data.xops import unique_inverse
+from ncfcli.backend import Backend, read_table_gpu
+from ncfcli.data import values
 from ncfcli.errors import NcfError
 
 # MovieLens ratings files, in the order a folder or zip is searched.
 RATINGS_FILES = ("u.data", "ratings.dat", "ratings.csv", "ratings.parquet")
 _ML_COLUMNS = ["user", "item", "rating", "timestamp"]
 _ML20M_HEADER = ["userId", "movieId", "rating", "timestamp"]
+_ML_TYPES = {"user": "int32", "item": "int32"}
 
 # Column names recognised without a flag, compared case-insensitively.
 ROLE_NAMES: dict[str, tuple[str, ...]] = {
@@ -94,7 +96,7 @@ class _Layout:
     header: bool = True
     names: tuple[str, ...] | None = None  # column names of a headerless file
     roles: dict[str, str | None] = field(default_factory=dict)  # role -> column name
-    types: dict[str, str] = field(default_factory=dict)  # column -> forced arrow type name
+    types: dict[str, str] = field(default_factory=dict)  # column -> arrow type, fast CPU read
     label: str = "csv"  # format name recorded in meta.json
 
 
@@ -280,6 +282,31 @@ def _resolve_roles(
     return roles
 
 
+_INT_CELL = re.compile(r"-?[0-9]{1,18}")
+
+
+def _sample_types(lines: list[str], header: bool, sep: str, names: list[str] | tuple[str, ...],
+                  roles: dict[str, str | None], preset: dict[str, str]) -> dict[str, str]:  # fmt: skip
+    """Arrow types for the id and time columns whose sampled cells are all plain integers.
+
+    Only a guess for the fast CPU read: a later value that does not fit sends the whole file
+    through the text read (see _read_csv_cpu), so the guess never changes the result.
+    """
+    data = lines[1:] if header else lines
+    rows = [ln.split(sep) for ln in data]
+    if not rows or any('"' in ln for ln in data) or any(len(r) != len(names) for r in rows):
+        return {}
+    types = {}
+    for role in ("user", "item", "time"):
+        name = roles.get(role)
+        if name is None or name not in names:
+            continue
+        k = list(names).index(name)
+        if all(_INT_CELL.fullmatch(r[k]) for r in rows):
+            types[name] = preset.get(name, "int64")
+    return types
+
+
 def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
     """How to read `path`, decided from its name, its first lines and the column flags."""
     with open(path, "rb") as f:
@@ -312,13 +339,14 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
                 f"{path}: give {', '.join(missing)} too when the columns are positions "
                 f"(the file has no header; it has {n_cols} columns)"
             )
-        return _Layout("csv", sep, False, names, roles, label="csv (no header)")
+        types = _sample_types(lines, False, sep, names, roles, {})
+        return _Layout("csv", sep, False, names, roles, types, label="csv (no header)")
 
     custom = any(c is not None for c in (cols.user, cols.item, cols.time, cols.rating, cols.sep))
     if path.name in ("u.data", "ratings.dat") and not custom:
         sep = "\t" if path.name == "u.data" else "::"
-        types = {"user": "int32", "item": "int32", "rating": "float32", "timestamp": "int64"}
         roles = {"user": "user", "item": "item", "time": "timestamp", "rating": "rating"}
+        types = _sample_types(lines, False, sep, _ML_COLUMNS, roles, _ML_TYPES)
         return _Layout("csv", sep, False, tuple(_ML_COLUMNS), roles, types, label=path.name)
 
     sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
@@ -333,21 +361,51 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
         names = tuple(_ML_COLUMNS if len(first) == 4 else ["user", "item", "timestamp"])
         roles = {"user": "user", "item": "item", "time": "timestamp",
                  "rating": "rating" if len(first) == 4 else None}  # fmt: skip
-        return _Layout("csv", sep, False, names, roles, label="csv (no header)")
+        types = _sample_types(lines, False, sep, names, roles, {})
+        return _Layout("csv", sep, False, names, roles, types, label="csv (no header)")
     header = [c.strip().strip('"') for c in first]
     roles = _resolve_roles(cols, header, path, need_time)
-    types = {}
-    label = "csv"
-    if header == _ML20M_HEADER:  # MovieLens 20M/25M: narrow types make parsing cheaper
-        types = {"userId": "int32", "movieId": "int32", "rating": "float32", "timestamp": "int64"}
-        label = "ratings.csv"
-    return _Layout("csv", sep, True, None, roles, types, label)
+    ml20m = header == _ML20M_HEADER
+    # MovieLens 20M/25M: int32 ids parse faster; any other values take the text read instead
+    preset = {"userId": "int32", "movieId": "int32"} if ml20m else {}
+    types = _sample_types(lines, True, sep, header, roles, preset)
+    return _Layout("csv", sep, True, None, roles, types, "ratings.csv" if ml20m else "csv")
 
 
 # ---- reading -------------------------------------------------------------------------------
+#
+# Only the read differs between the backends; every value then goes through ncfcli.data.values,
+# the same lines for a pandas Series (CPU) and a cuDF Series (GPU). cuDF reads every CSV column
+# as text: its typed CSV parser keeps the integer part of `42.5` in an integer column and sums
+# float digits in floating point, so parsing on the GPU is done by values.py instead. PyArrow's
+# typed parser is strict and exact, so the CPU reads columns whose sample is all integers as
+# integers (the fast path a MovieLens file takes) and reads the whole file again as text, like
+# the GPU, as soon as one value or an empty cell does not fit.
 
 
-def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str]) -> Any:
+def _line_locator(path: Path, header: bool) -> Any:
+    """row -> "line N" of a text table, counting the lines every reader skips (blank ones).
+
+    Runs only when a message needs it; a quoted field spanning lines would shift the count.
+    """
+
+    def locate(row: int) -> str:
+        seen = -1 if header else 0
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip(b"\r\n"):
+                    continue
+                if seen == row:
+                    return f"line {number}"
+                seen += 1
+        return f"data row {row + 1}"
+
+    return locate
+
+
+def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
+                  typed: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
+    """One pandas Series per column; None when a `typed` column met a value its type cannot hold."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -363,126 +421,80 @@ def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str]) -> Any:
     parse_opts = pacsv.ParseOptions(delimiter=sep)
     convert_opts = pacsv.ConvertOptions(
         include_columns=wanted,
-        column_types={k: getattr(pa, v)() for k, v in layout.types.items() if k in wanted},
-        strings_can_be_null=False,
-        quoted_strings_can_be_null=False,
+        column_types={w: getattr(pa, typed.get(w, "string"))() for w in wanted},
+        null_values=[""],  # only an empty cell is empty, as in the cuDF read
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=True,
     )
     try:
-        return pacsv.read_csv(source, read_opts, parse_opts, convert_opts)
+        table = pacsv.read_csv(source, read_opts, parse_opts, convert_opts)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowKeyError) as e:
         msg = str(e).strip().splitlines()[0]
+        if typed and "conversion error" in msg:
+            return None
         raise NcfError(f"{path}: cannot parse: {msg}") from None
+    if any(table.column(w).null_count for w in typed):
+        return None  # an empty cell: the text read names its line
+    return {w: table.column(w).to_pandas() for w in wanted}
 
 
-def _read_parquet_cpu(path: Path, wanted: list[str]) -> Any:
+def _read_parquet_cpu(path: Path, wanted: list[str]) -> dict[str, Any]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path, columns=wanted)
+        table = pq.read_table(path, columns=wanted)
     except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
         raise NcfError(f"{path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+    out = {}
+    for w in wanted:
+        col = table.column(w)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        out[w] = col.to_pandas(date_as_object=False)
+    return out
 
 
-def _whole_column(col: Any, label: str, path: Path) -> Any:
-    """One contiguous pyarrow array of a (chunked) column, refusing empty values."""
-    import pyarrow as pa
-
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if arr.null_count:
-        raise NcfError(f"{path}: {label} has {arr.null_count} empty values")
-    return arr
+def _gpu_reader(backend: Backend) -> Any:
+    """cuDF's reader when the backend has cuDF, else None (tests put pandas in its place)."""
+    return read_table_gpu if backend.frame_library == "cudf" else None
 
 
-def _id_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
-    """Raw ids as an int32/int64 backend array, or a host string array."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    arr = _whole_column(col, f"column {name!r}", path)
-    t = arr.type
-    if pa.types.is_dictionary(t):
-        arr = arr.dictionary_decode()
-        t = arr.type
-    if pa.types.is_integer(t):
-        host = arr.to_numpy(zero_copy_only=False)
-        if host.dtype not in (np.int32, np.int64):
-            host = host.astype(np.int64)  # unsigned or narrow types: a signed type ranks safely
-        return backend.asarray(host)
-    if pa.types.is_floating(t):
-        host = arr.to_numpy(zero_copy_only=False)
-        if not np.all(np.isfinite(host)) or not np.all(host == np.floor(host)):
-            raise NcfError(f"{path}: column {name!r} holds non-integer numbers; ids must be "
-                           "integers or strings")  # fmt: skip
-        return backend.asarray(host.astype(np.int64))
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return pc.cast(arr, pa.large_string())
-    raise NcfError(f"{path}: column {name!r} has type {t}; ids must be integers or strings")
-
-
-def _time_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    arr = _whole_column(col, f"time column {name!r}", path)
-    t = arr.type
-    if pa.types.is_integer(t):
-        host = arr.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-    elif pa.types.is_timestamp(t) or pa.types.is_date(t):
-        host = pc.cast(pc.cast(arr, pa.timestamp("us")), pa.int64()).to_numpy()
-    elif pa.types.is_floating(t):
-        # Fractional times: their rank keeps the order, which is all leave-one-out needs.
-        values = arr.to_numpy(zero_copy_only=False)
-        if not np.all(np.isfinite(values)):
-            raise NcfError(f"{path}: time column {name!r} has non-finite values")
-        host = unique_inverse(values, np)[1]
+def _read_gpu(reader: Any, path: Path, layout: _Layout, wanted: list[str]) -> dict[str, Any]:
+    """One cuDF Series per column: Parquet as typed, CSV as text (see the note above)."""
+    if layout.fmt == "parquet":
+        kwargs: dict[str, Any] = {"columns": wanted}
     else:
-        sample = arr[0].as_py() if len(arr) else ""
-        raise NcfError(
-            f"{path}: unparsable values in time column {name!r} (e.g. {sample!r}); expected "
-            "integer epoch times or ISO-8601 date-times"
-        )
-    return backend.asarray(host)
-
-
-def _rating_column(col: Any, name: str, path: Path, backend: Backend) -> Any:
-    import pyarrow as pa
-
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    if not (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)):
-        sample = arr[0].as_py() if len(arr) else ""
-        raise NcfError(f"{path}: unparsable values in rating column {name!r} (e.g. {sample!r})")
-    host = arr.to_numpy(zero_copy_only=False).astype(np.float32)
-    host[np.isnan(host)] = -np.inf  # an empty rating never passes --min-rating
-    return backend.asarray(host)
-
-
-def _read_gpu(path: Path, layout: _Layout, wanted: list[str], backend: Backend) -> dict | None:
-    """Columns parsed by cuDF, or None where cuDF cannot take this layout."""
-    if backend.frame_library != "cudf" or (layout.fmt == "csv" and len(layout.sep) > 1):
-        return None
-    kwargs: dict[str, Any] = {"columns": wanted} if layout.fmt == "parquet" else {
-        "sep": layout.sep,
-        "header": 0 if layout.header else None,
-        "names": list(layout.names) if layout.names else None,
-        "usecols": wanted,
-        "dtype": {k: v for k, v in layout.types.items() if k in wanted} or None,
-    }  # fmt: skip
+        kwargs = {
+            "sep": layout.sep,
+            "header": 0 if layout.header else None,
+            "names": list(layout.names) if layout.names else None,
+            "usecols": wanted,
+            "dtype": dict.fromkeys(wanted, "str"),
+            "na_values": [""],  # only an empty cell is empty, as in the PyArrow read
+            "keep_default_na": False,
+        }
     try:
-        frame = read_table_gpu(str(path), layout.fmt, **kwargs)
+        frame = reader(str(path), layout.fmt, **kwargs)
     except Exception as e:  # cuDF raises RuntimeError/ValueError with long texts
         raise NcfError(f"{path}: cannot parse: {str(e).strip().splitlines()[0]}") from None
-    if len(frame) == 0:
-        return {}
-    out = {}
-    for name in wanted:
-        col = frame[name]
-        if col.null_count:
-            raise NcfError(f"{path}: column {name!r} has {col.null_count} empty values")
-        if col.dtype.kind in "iuf":
-            out[name] = frame_column_to_array(backend, col)
-        else:  # strings and times: finish on the host, as on the CPU path
-            out[name] = col.to_arrow()
-    return out
+    return {w: frame[w] for w in wanted}
+
+
+def _read_columns(path: Path, layout: _Layout, wanted: list[str], backend: Backend) -> dict:
+    reader = _gpu_reader(backend)
+    if reader is not None and not (layout.fmt == "csv" and len(layout.sep) > 1):
+        return _read_gpu(reader, path, layout, wanted)
+    if layout.fmt == "parquet":
+        return _read_parquet_cpu(path, wanted)
+    typed = {w: t for w, t in layout.types.items() if w in wanted}
+    if typed:
+        columns = _read_csv_cpu(path, layout, wanted, typed)
+        if columns is not None:
+            return columns
+    columns = _read_csv_cpu(path, layout, wanted, {})
+    assert columns is not None
+    return columns
 
 
 def read_table_file(
@@ -492,8 +504,6 @@ def read_table_file(
 
     With `need_time` False (`--split random`) no time column is read, even where one exists,
     and every timestamp is 0."""
-    import pyarrow as pa
-
     layout = _layout(path, cols, need_time)
     roles = dict(layout.roles)
     if not need_time:
@@ -505,33 +515,26 @@ def read_table_file(
     if need_rating:
         candidates.append(roles["rating"])
     wanted = [w for w in candidates if w is not None]
-    columns = _read_gpu(path, layout, wanted, backend)
-    if columns is None:
-        table = (
-            _read_parquet_cpu(path, wanted)
-            if layout.fmt == "parquet"
-            else _read_csv_cpu(path, layout, wanted)
-        )
-        n = table.num_rows
-        columns = {w: table.column(w) for w in wanted} if n else {}
-    if not columns:
+    columns = _read_columns(path, layout, wanted, backend)
+    if not len(columns[wanted[0]]):
         what = "has a header row but no data rows" if layout.header else "has no data rows"
         raise NcfError(f"{path} {what}")
+    locate = None if layout.fmt == "parquet" else _line_locator(path, layout.header)
 
-    def host_or_device(name: str | None, convert: Any) -> Any:
-        col = columns[name]
-        if isinstance(col, (pa.Array, pa.ChunkedArray)):
-            return convert(col, name, path, backend)
-        return col.astype(backend.xp.float32 if convert is _rating_column else backend.xp.int64)
+    def parse(role: str, convert: Any) -> Any:
+        name = roles[role]
+        assert name is not None
+        origin = values.Origin(path, name, locate) if locate else values.Origin(path, name)
+        return convert(columns.pop(name), origin, backend)
 
-    user = host_or_device(roles["user"], _id_column)
-    item = host_or_device(roles["item"], _id_column)
+    user = parse("user", values.id_values)
+    item = parse("item", values.id_values)
     ts = (
-        host_or_device(roles["time"], _time_column)
+        parse("time", values.time_values)
         if roles["time"] is not None
         else backend.xp.zeros(len(user), dtype=backend.xp.int64)
     )
-    rating = host_or_device(roles["rating"], _rating_column) if need_rating else None
+    rating = parse("rating", values.rating_values) if need_rating else None
     return RawInteractions(
         user, item, ts, rating,
         {"format": layout.label, "columns": {k: v for k, v in roles.items() if v is not None}},
