@@ -435,7 +435,19 @@ def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
         raise NcfError(f"{path}: cannot parse: {msg}") from None
     if any(table.column(w).null_count for w in typed):
         return None  # an empty cell: the text read names its line
-    return {w: table.column(w).to_pandas() for w in wanted}
+    return {w: _to_pandas(table.column(w)) for w in wanted}
+
+
+def _to_pandas(col: Any) -> Any:
+    """A pyarrow column as a pandas Series; text stays in Arrow (pandas' ArrowDtype), where the
+    `.str` methods values.py uses run as PyArrow kernels rather than per element in Python."""
+    import pandas as pd
+    import pyarrow as pa
+
+    def arrow_text(t: Any) -> Any:
+        return pd.ArrowDtype(t) if pa.types.is_string(t) or pa.types.is_large_string(t) else None
+
+    return col.to_pandas(types_mapper=arrow_text, date_as_object=False)
 
 
 def _read_parquet_cpu(path: Path, wanted: list[str]) -> dict[str, Any]:
@@ -451,7 +463,7 @@ def _read_parquet_cpu(path: Path, wanted: list[str]) -> dict[str, Any]:
         col = table.column(w)
         if pa.types.is_dictionary(col.type):
             col = col.cast(col.type.value_type)
-        out[w] = col.to_pandas(date_as_object=False)
+        out[w] = _to_pandas(col)
     return out
 
 

@@ -6,7 +6,7 @@ print(time_values(pd.Series(['2024-05-01T12:30:00.25+02:00']), Origin('f', 't'),
 
 Both readers hand over one Series per column: pandas on the CPU, cuDF on the GPU. Every line
 below uses only what the two Series share (`isna`, `fillna`, `where`, `astype`, `dt.tz_convert`,
-and the `.str` methods `strip`, `extract`, `contains`, `len`, `pad`, `slice`, `replace`), then
+and the `.str` methods `strip`, `contains`, `replace`, `len`, `pad`, `slice`), then
 NumPy/CuPy arithmetic on `backend.xp`, so the CPU tests run the very lines the GPU runs. Text is
 parsed with regular expressions that mean the same in Python's `re`, RE2 (PyArrow) and libcudf's
 engine (ASCII classes, greedy quantifiers, no look-around), and with integer arithmetic, never a
@@ -40,14 +40,14 @@ from ncfcli.data.xops import unique_inverse
 from ncfcli.errors import NcfError
 
 INT64_MAX = (1 << 63) - 1
-# sign, integer digits, fraction digits; no leading-zero group, so every engine splits it alike
-NUMBER = r"^([+-]?)([0-9]+)(?:[.]([0-9]*))?$"
+# Patterns only test or delete, never capture: pandas runs `str.extract` per element in Python
+# (seconds per million rows), while `contains`, `replace` and `slice` run in PyArrow's kernels.
+NUMBER = r"^[+-]?[0-9]+(?:[.][0-9]*)?$"
 RATING = r"^[+-]?(?:[0-9]+(?:[.][0-9]*)?|[.][0-9]+)(?:[eE][+-]?[0-9]+)?$"
-ISO_8601 = (
-    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})"
-    r"(?:[T ]([0-9]{2})[:]([0-9]{2})(?:[:]([0-9]{2})(?:[.]([0-9]{1,9}))?)?)?"
-    r" ?(Z|[+-][0-9]{2}(?:[:]?[0-9]{2})?)?$"
+_ISO_DATE_TIME = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}[:][0-9]{2}(?:[:][0-9]{2}(?:[.][0-9]{1,9})?)?)? ?"
 )
+ISO_8601 = _ISO_DATE_TIME + r"(?:Z|[+-][0-9]{2}(?:[:]?[0-9]{2})?)?$"
 TIME_FORMS = (
     "expected epoch seconds such as 1700000000 or 1700000000.25, or ISO-8601 such as "
     "2024-05-01T12:30:00Z"
@@ -116,10 +116,14 @@ def _no_nulls(col: Any, origin: Origin, backend: Backend) -> None:
 def _magnitude(digits: Any, backend: Backend) -> tuple[Any, Any]:
     """(int64 value, fits mask) of strings of decimal digits, exact up to 2**63 - 1.
 
-    Split into 10 high and 9 low digits so no intermediate value overflows on either library.
+    Up to 18 digits always fit; longer ones are split into 10 high and 9 low digits, so no
+    intermediate value overflows on either library.
     """
     xp = backend.xp
     n = _array(digits.str.len(), backend)
+    if int(n.max()) <= 18:
+        value = _array(digits.astype("int64"), backend)
+        return value, xp.ones(len(value), dtype=bool)
     padded = digits.str.pad(19, side="left", fillchar="0")
     hi = _array(padded.str.slice(0, 10).astype("int64"), backend)
     lo = _array(padded.str.slice(10, 19).astype("int64"), backend)
@@ -129,8 +133,17 @@ def _magnitude(digits: Any, backend: Backend) -> tuple[Any, Any]:
     return value.astype(xp.int64), fits
 
 
-def _signed(value: Any, sign: Any, backend: Backend) -> Any:
-    negative = _array(sign == "-", backend)
+def _number_parts(text: Any) -> tuple[Any, Any]:
+    """(integer digits, fraction digits) of text that matches NUMBER."""
+    unsigned = text.str.replace("^[+-]", "", regex=True)
+    digits = unsigned.str.replace("[.].*$", "", regex=True)
+    fraction = unsigned.str.replace("^[0-9]*[.]?", "", regex=True)
+    return digits, fraction
+
+
+def _signed(value: Any, text: Any, backend: Backend) -> Any:
+    """value negated where the text starts with a minus sign."""
+    negative = _array(text.str.slice(0, 1) == "-", backend)
     return backend.xp.where(negative, -value, value)
 
 
@@ -167,16 +180,15 @@ def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
             return arr.astype(xp.int64)
         raise origin.error(0, f"has type {col.dtype}; ids must be integers or strings")
     text, _ = _text(col, origin, backend)
-    parts = text.str.extract(NUMBER)
-    if bool(_array(parts[1].notna(), backend).all()):
-        fraction = parts[2].fillna("")
+    if bool(_array(text.str.contains(NUMBER), backend).all()):
+        digits, fraction = _number_parts(text)
         row = _first(_array(fraction.str.contains("[1-9]"), backend), xp)
         if row is not None:
             raise origin.error(row, f"{_cell(text, row)} is not a whole number; numeric ids "
                                     "must be integers (or the column strings)")  # fmt: skip
-        value, fits = _magnitude(parts[1], backend)
+        value, fits = _magnitude(digits, backend)
         if bool(fits.all()):
-            return _signed(value, parts[0], backend)
+            return _signed(value, text, backend)
     return to_arrow_strings(text)
 
 
@@ -215,25 +227,35 @@ def _scaled(seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origin,
     return seconds * scale + frac  # a fraction always counts forward, also before 1970
 
 
-def _epoch(text: Any, parts: Any, origin: Origin, backend: Backend) -> Any:
-    magnitude, fits = _magnitude(parts[1], backend)
-    stamp = _scaled(magnitude, parts[2].fillna(""), ~fits, text, origin, backend)
-    return _signed(stamp, parts[0], backend)  # the sign covers the fraction: -0.5 < 0
+def _epoch(text: Any, origin: Origin, backend: Backend) -> Any:
+    digits, fraction = _number_parts(text)
+    magnitude, fits = _magnitude(digits, backend)
+    stamp = _scaled(magnitude, fraction, ~fits, text, origin, backend)
+    return _signed(stamp, text, backend)  # the sign covers the fraction: -0.5 < 0
 
 
 def _iso(text: Any, origin: Origin, backend: Backend) -> Any:
     xp = backend.xp
-    parts = text.str.extract(ISO_8601)
-    matched = _array(parts[0].notna(), backend)
-    row = _first(~matched, xp)
+    row = _first(~_array(text.str.contains(ISO_8601), backend), xp)
     if row is not None:
         raise origin.error(row, f"cannot read {_cell(text, row)} as a time ({TIME_FORMS})")
 
-    def num(k: int) -> Any:
-        return _array(parts[k].fillna("0").astype("int64"), backend)
+    # Every row matches ISO_8601, so each field sits at a fixed place or follows a fixed mark.
+    def num(start: int, stop: int, present: Any = None) -> Any:
+        field = text.str.slice(start, stop)
+        if present is not None:
+            field = field.where(present, "0")
+        return _array(field.astype("int64"), backend)
 
-    year, month, day, hour, minute, second = (num(k) for k in range(6))
-    zone = parts[7].fillna("").str.replace(":", "", regex=False).str.replace("Z", "", regex=False)
+    has_clock = text.str.contains("^.{10}[T ]")
+    has_seconds = text.str.contains("^.{16}[:]")
+    year, month, day = num(0, 4), num(5, 7), num(8, 10)
+    hour, minute, second = num(11, 13, has_clock), num(14, 16, has_clock), num(17, 19, has_seconds)
+    fraction = text.str.replace("^[^.]*[.]?", "", regex=True).str.replace(
+        "[^0-9].*$", "", regex=True
+    )
+    zone = text.str.replace(_ISO_DATE_TIME, "", regex=True)  # "", "Z", "+02", "+0200", "+02:00"
+    zone = zone.str.replace(":", "", regex=False).str.replace("Z", "", regex=False)
     zone = zone.str.pad(5, side="right", fillchar="0")  # "" -> "00000", "+02" -> "+0200"
     zone_sign = xp.where(_array(zone.str.slice(0, 1) == "-", backend), -1, 1)
     zone_h = _array(zone.str.slice(1, 3).astype("int64"), backend)
@@ -247,7 +269,7 @@ def _iso(text: Any, origin: Origin, backend: Backend) -> Any:
     days = _days_from_civil(year, xp.clip(month, 1, 12), day, xp)
     seconds = days * 86400 + hour * 3600 + minute * 60 + second
     seconds -= zone_sign * (zone_h * 3600 + zone_m * 60)
-    return _scaled(seconds, parts[6].fillna(""), bad, text, origin, backend)
+    return _scaled(seconds, fraction, bad, text, origin, backend)
 
 
 def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
@@ -271,13 +293,13 @@ def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
             return unique_inverse(values, xp)[1]  # ranks keep the order exactly
         raise origin.error(0, f"has type {col.dtype}; {TIME_FORMS}")
     text, _ = _text(col, origin, backend)
-    parts = text.str.extract(NUMBER)
-    if bool(_array(parts[1].iloc[:1].notna(), backend).all()):
-        row = _first(_array(parts[1].isna(), backend), xp)
+    number = _array(text.str.contains(NUMBER), backend)
+    if bool(number[0]):
+        row = _first(~number, xp)
         if row is not None:
             raise origin.error(row, f"cannot read {_cell(text, row)} as a time like the "
                                     f"column's first value ({TIME_FORMS})")  # fmt: skip
-        return _epoch(text, parts, origin, backend)
+        return _epoch(text, origin, backend)
     return _iso(text, origin, backend)
 
 
