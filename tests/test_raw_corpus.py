@@ -7,7 +7,8 @@ below), and the GPU read, run here with pandas standing in for cuDF (the same ke
 then the same shared lines of ncfcli/data/values.py), must give the same bytes as the CPU read.
 The `gpu` test at the end does the same with the real cuDF.
 
-The events (times are seconds after T0; fractions decide two test items):
+The events (times are seconds after T0; fractions decide two test items; an ISO time without a
+zone is read as UTC):
 
     user 1: items 10@100.25, 20@100.75, 30@50  -> test 20 (by 0.5 s; the seed-0 hash would pick 10)
     user 2: items 10@10.5, 10@300.5, 40@300.25 -> (2,10) collapses, latest 300.5 -> test 10
@@ -37,7 +38,7 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data import raw
 from ncfcli.data.dataset import load_id_maps, load_prepared, read_meta
-from ncfcli.data.values import Origin, time_values
+from ncfcli.data.values import Origin, id_values, time_values
 
 T0 = 1_700_000_000
 EVENTS = [  # user, item, seconds after T0, rating
@@ -133,6 +134,12 @@ def build_corpus(base: Path) -> dict[str, tuple[Path, list[str], tuple[list, lis
         c[f"{s}-quoted-csv-float"] = (
             text_file(f / "quoted.csv", '"user","item","rating","time"', ",", strings,
                       lambda t, k: f'"{epoch(t)}"'), [], want)  # fmt: skip
+        c[f"{s}-custom-iso-no-zone"] = (
+            text_file(f / "naive.csv", "user,item,rating,date", ",", strings,
+                      lambda t, k: iso(t, 1).rstrip("Z")), [], want)  # fmt: skip
+        crlf = text_file(f / "crlf.csv", ml, ",", strings, lambda t, k: epoch(t))
+        crlf.write_bytes(crlf.read_bytes().replace(b"\n", b"\r\n"))
+        c[f"{s}-ml-header-crlf"] = (crlf, [], want)
         floats = pa.array([float(seconds(e[2])) for e in EVENTS])
         stamps = pa.array([millis(e[2]) for e in EVENTS], pa.timestamp("ms", tz="UTC"))
         c[f"{s}-parquet-float-time"] = (parquet_file(f / "a.parquet", strings, floats), [], want)
@@ -359,3 +366,14 @@ def test_cudf_gives_the_cpu_bytes(corpus: dict, tmp_path: Path) -> None:
             res = CliRunner().invoke(app, args)
             assert res.exit_code == 0, (name, device, res.output)
         assert dataset_bytes(out["cuda"]) == dataset_bytes(out["cpu"]), name
+
+
+def test_wide_numbers_are_exact() -> None:
+    """Nanosecond epochs need 19 digits; ids past 64 bits become strings, never wrap."""
+    cpu = get_backend("cpu")
+    texts = ["1700000000123456789", "1700000000123456790", "9223372036854775807"]
+    got = time_values(pd.Series(texts, dtype="str"), Origin("f", "t"), cpu)
+    assert got.tolist() == [int(t) for t in texts]
+    wide = pd.Series(["1", "9223372036854775808"], dtype="str")
+    assert id_values(wide, Origin("f", "u"), cpu).to_pylist() == ["1", "9223372036854775808"]
+    assert id_values(pd.Series([" -5", "7.000"]), Origin("f", "u"), cpu).tolist() == [-5, 7]
