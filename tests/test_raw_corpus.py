@@ -350,24 +350,6 @@ def test_fractions_keep_their_order() -> None:
     assert len(set(got.tolist())) == len(texts)
 
 
-# ---- the real cuDF -------------------------------------------------------------------------
-
-
-@pytest.mark.gpu
-def test_cudf_gives_the_cpu_bytes(corpus: dict, tmp_path: Path) -> None:
-    """Every corpus file, cuDF against PyArrow: the same dataset bytes."""
-    pytest.importorskip("cudf")
-    for name, (src, flags, _) in sorted(corpus.items()):
-        out = {}
-        for device in ("cpu", "cuda"):
-            out[device] = tmp_path / name / device
-            args = ["prepare", str(src), "--out", str(out[device]), "--eval-negatives", "1",
-                    "--device", device, "-q", *flags]  # fmt: skip
-            res = CliRunner().invoke(app, args)
-            assert res.exit_code == 0, (name, device, res.output)
-        assert dataset_bytes(out["cuda"]) == dataset_bytes(out["cpu"]), name
-
-
 def test_wide_numbers_are_exact() -> None:
     """Nanosecond epochs need 19 digits; ids past 64 bits become strings, never wrap."""
     cpu = get_backend("cpu")
@@ -377,3 +359,32 @@ def test_wide_numbers_are_exact() -> None:
     wide = pd.Series(["1", "9223372036854775808"], dtype="str")
     assert id_values(wide, Origin("f", "u"), cpu).to_pylist() == ["1", "9223372036854775808"]
     assert id_values(pd.Series([" -5", "7.000"]), Origin("f", "u"), cpu).tolist() == [-5, 7]
+
+
+# ---- the real cuDF -------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_cudf_gives_the_cpu_bytes_and_errors(corpus: dict, tmp_path: Path) -> None:
+    """Every corpus file, cuDF against PyArrow: the same dataset bytes, the same error lines."""
+    pytest.importorskip("cudf")
+
+    def run(src: Path, out: Path, device: str, *flags: str) -> Any:
+        args = ["prepare", str(src), "--out", str(out), "--eval-negatives", "1",
+                "--device", device, "-q", *flags]  # fmt: skip
+        return CliRunner().invoke(app, args)
+
+    files = {name: (src, flags) for name, (src, flags, _) in corpus.items()}
+    files.update({name: (src, []) for name, src in late_corpus(tmp_path).items()})
+    for name, (src, flags) in sorted(files.items()):
+        out = {d: tmp_path / name / d for d in ("cpu", "cuda")}
+        for device, dest in out.items():
+            res = run(src, dest, device, *flags)
+            assert res.exit_code == 0, (name, device, res.output)
+        assert dataset_bytes(out["cuda"]) == dataset_bytes(out["cpu"]), name
+    for k, (fname, content, message) in enumerate(BAD):
+        src = tmp_path / f"bad{k}" / fname
+        src.parent.mkdir()
+        src.write_text(content)
+        errors = [run(src, src.parent / d, d).stderr.strip() for d in ("cpu", "cuda")]
+        assert message in errors[1] and errors[0] == errors[1], errors
