@@ -292,7 +292,7 @@ def expect_error(res: object, *fragments: str) -> str:
          ["ratings.csv line 4, column 'userId': empty cell"]),
         ("data.csv", b"user,item,timestamp\n1,2,soon\n2,3,later\n",
          ["data.csv line 2, column 'timestamp'", "cannot read 'soon' as a time"]),
-        ("u.data", b"1\t2\t3\n", ["cannot parse"]),
+        ("u.data", b"1\t2\t3\n", ["u.data line 1: 3 columns, expected 4"]),
         ("data.parquet", b"PAR1garbagePAR1", ["not a readable Parquet"]),
     ],
 )  # fmt: skip

@@ -298,6 +298,13 @@ def test_late_non_integer_id_is_refused(tmp_path: Path) -> None:
     assert "ratings.csv line 9002, column 'movieId': '6.5' is not a whole number" in res.stderr
 
 
+def test_ragged_row_names_its_line(tmp_path: Path) -> None:
+    src = tmp_path / "ratings.dat"
+    src.write_text("1::2::3::4\n1::3::3::5\n\n2::4::3\n")
+    res = prepare(src, tmp_path / "out")
+    assert "ratings.dat line 4: 3 columns, expected 4: '2::4::3'" in res.stderr
+
+
 def test_parquet_null_names_the_row(tmp_path: Path) -> None:
     src = tmp_path / "e.parquet"
     pq.write_table(pa.table({"user": [1, None, 2], "item": [1, 2, 3], "ts": [1, 2, 3]}), src)

@@ -403,6 +403,15 @@ def _line_locator(path: Path, header: bool) -> Any:
     return locate
 
 
+def _line_of_text(path: Path, text: str) -> str:
+    """ "line N" of the first line that reads `text` (PyArrow reports a bad row's text only)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if line.rstrip(b"\r\n").decode("utf-8", "replace") == text:
+                return f"line {number}"
+    return "a line"
+
+
 def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
                   typed: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
     """One pandas Series per column; None when a `typed` column met a value its type cannot hold."""
@@ -418,7 +427,13 @@ def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
     read_opts = pacsv.ReadOptions(
         column_names=list(layout.names) if layout.names else None, block_size=1 << 24
     )
-    parse_opts = pacsv.ParseOptions(delimiter=sep)
+    ragged: list[Any] = []
+
+    def invalid(row: Any) -> str:
+        ragged.append(row)
+        return "error"
+
+    parse_opts = pacsv.ParseOptions(delimiter=sep, invalid_row_handler=invalid)
     convert_opts = pacsv.ConvertOptions(
         include_columns=wanted,
         column_types={w: getattr(pa, typed.get(w, "string"))() for w in wanted},
@@ -432,6 +447,13 @@ def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
         msg = str(e).strip().splitlines()[0]
         if typed and "conversion error" in msg:
             return None
+        if ragged:
+            row = ragged[0]
+            text = row.text.replace(_PARSE_SEP, layout.sep)
+            raise NcfError(
+                f"{path} {_line_of_text(path, text)}: {row.actual_columns} columns, expected "
+                f"{row.expected_columns}: {text!r}"
+            ) from None
         raise NcfError(f"{path}: cannot parse: {msg}") from None
     if any(table.column(w).null_count for w in typed):
         return None  # an empty cell: the text read names its line
