@@ -177,7 +177,6 @@ def pandas_reader(path: str, fmt: str, **kwargs: Any) -> Any:
     """cudf.read_csv / read_parquet's stand-in: pandas takes the same keyword arguments."""
     if fmt == "parquet":
         return pd.read_parquet(path, **kwargs)
-    kwargs["header"] = kwargs["header"] if kwargs["names"] is None else None
     return pd.read_csv(path, **kwargs)
 
 
