@@ -23,6 +23,10 @@ Two more training-only rewrites, each the same function and gradient as the plai
   than nn.Embedding's backward, which adds the batch's rows one at a time.
 
 Evaluation and export run the plain path (model.eval()), so ONNX sees only standard ops.
+
+Under autocast (`ncf train --amp`) the matrix products run in bf16/fp16 while parameters,
+gradients and `_Gather`'s row sums stay fp32; tests/test_amp.py runs every kind that way on the
+CPU. Scoring for metrics is always fp32 (train.py, evaluate.py).
 """
 
 from __future__ import annotations
@@ -95,13 +99,18 @@ class _Gather(torch.autograd.Function):
     def forward(ctx: Any, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(ids)
         ctx.rows = table.shape[0]
+        ctx.dtype = table.dtype
         return table.index_select(0, ids)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (ids,) = ctx.saved_tensors
         index = ids.unsqueeze(1).expand(-1, grad.shape[1])
-        return grad.new_zeros(ctx.rows, grad.shape[1]).scatter_add_(0, index, grad), None
+        # Sums in fp32 even under AMP: a row hit by many samples of a batch (a popular item,
+        # a projected table under --amp) adds them up in bf16 otherwise, losing the small ones.
+        acc = grad.new_zeros(ctx.rows, grad.shape[1], dtype=torch.float32)
+        acc.scatter_add_(0, index, grad.float())
+        return acc.to(ctx.dtype), None
 
 
 def _lecun_uniform_(w: torch.Tensor) -> None:
@@ -130,8 +139,14 @@ class SplitLinear(nn.Module):
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         y = torch.addmm(self.bias, xs[0], self.weights[0].t())
+        # Autocast casts out-of-place addmm's operands but not an in-place one's: under AMP y is
+        # bf16/fp16 while x and w stay fp32, which addmm_ refuses.
+        amp = torch.is_autocast_enabled(y.device.type)
         for x, w in zip(xs[1:], list(self.weights)[1:], strict=True):
-            y = y.addmm_(x, w.t())  # in place: addmm's backward never reads its `self`
+            if amp:
+                y = torch.addmm(y, x, w.t())
+            else:
+                y = y.addmm_(x, w.t())  # in place: addmm's backward never reads its `self`
         return y
 
 

@@ -451,13 +451,16 @@ def _evaluate(
     eval_set: tuple[Any, Any, Any],
     env: DistEnv,
     max_rows: int,
-    amp_ctx: Any,
 ) -> dict[str, float]:
-    """HR@10 / NDCG@10 of this rank's users, summed over ranks, then divided."""
+    """HR@10 / NDCG@10 of this rank's users, summed over ranks, then divided.
+
+    Always in fp32, also under --amp: bf16 keeps 8 bits of mantissa, so logits 2.31 and 2.32
+    would round to one value and the tie rule would count the negative ahead of the positive.
+    """
     users, test_items, test_negs = eval_set
     was_training = model.training
     model.eval()
-    with amp_ctx():
+    with torch.autocast(users.device.type, enabled=False):
         ranks = sampled_ranks(model, users, test_items, test_negs, max_rows=max_rows)
     model.train(was_training)
     sums = dist_env.all_reduce_sum(metric_sums(ranks, KS), env)
@@ -831,7 +834,7 @@ def _train(
             loss_total, n_seen, _ = _read(acc, carried, interrupt.requested, env)
             epoch_loss = loss_total / max(n_seen, 1.0)
 
-            scores = {split: _evaluate(model, held, env, cfg.eval_batch or 1 << 20, amp_ctx)
+            scores = {split: _evaluate(model, held, env, cfg.eval_batch or 1 << 20)
                       for split, held in eval_sets.items()}  # fmt: skip
             metrics = scores[select]
             trained += 1
