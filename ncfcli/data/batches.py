@@ -62,7 +62,7 @@ from typing import Any
 
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
-from ncfcli.data.xops import sorted_unique
+from ncfcli.data.xops import host_int, sorted_unique
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 
@@ -147,7 +147,7 @@ class NegativeSampler:
         self._select_keys = ex_users * n_items + (ex_items - rank_in_user)
         self._offsets = offsets
         self._allowed = (n_items - counts).astype(xp.int64)  # [n_users] items a negative may be
-        full = int(xp.count_nonzero(self._allowed[sorted_unique(self.pos_users, xp)] == 0))
+        full = host_int(xp.count_nonzero(self._allowed[sorted_unique(self.pos_users, xp)] == 0), xp)
         if full:
             raise NcfError(
                 f"{full} user(s) in {data.path} interacted with every item, so no verified "

@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
-from ncfcli.data.xops import group_max, unique_inverse
+from ncfcli.data.xops import group_max, host_int, to_host, unique_inverse
 from ncfcli.errors import NcfError
 
 SYNTHETIC = "synthetic"
@@ -267,7 +267,7 @@ def _dense_codes(values: Any, backend: Backend) -> tuple[Any, Any]:
         return backend.asarray(codes.astype(np.int64)), uniques.cast(pa.string()).to_numpy(
             zero_copy_only=False
         )
-    lo, hi = int(values.min()), int(values.max())
+    lo, hi = host_int(values.min(), xp), host_int(values.max(), xp)
     span = hi - lo + 1
     if span <= max(4 * len(values), 1 << 22) and span <= 1 << 28:
         # Integer ids in a compact range: a presence table ranks them without a sort.
@@ -283,8 +283,8 @@ def _dense_codes(values: Any, backend: Backend) -> tuple[Any, Any]:
 
 def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:
     """Unique keys ascending, each with its latest timestamp (one sort)."""
-    t_min = int(ts.min())
-    t_bits = max(1, int(ts.max()) - t_min).bit_length()
+    t_min = host_int(ts.min(), xp)
+    t_bits = max(1, host_int(ts.max(), xp) - t_min).bit_length()
     k_bits = max(1, n_keys - 1).bit_length()
     if k_bits + t_bits <= 63:
         # In place: the caller hands over key and ts, and 20M-row temporaries cost seconds.
@@ -295,7 +295,7 @@ def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:
         keys = packed >> t_bits
         last = xp.ones(len(keys), dtype=bool)
         last[:-1] = keys[1:] != keys[:-1]
-        if not bool(last.all()):  # real data rarely repeats a pair: skip two copies then
+        if not host_int(last.all(), xp):  # real data rarely repeats a pair: skip two copies then
             keys = keys[last]
             packed = packed[last]
         del last
@@ -310,7 +310,7 @@ def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:
     start = xp.ones(len(keys), dtype=bool)
     start[1:] = keys[1:] != keys[:-1]
     run = xp.cumsum(start) - 1
-    return keys[start], group_max(stamps, run, int(run[-1]) + 1, xp)
+    return keys[start], group_max(stamps, run, host_int(run[-1], xp) + 1, xp)
 
 
 def tie_priority(users: Any, items: Any, n_items: int, seed: int, xp: Any) -> Any:
@@ -375,9 +375,9 @@ def _draw_indices(avail: Any, n_neg: int, rng: Any, xp: Any) -> Any:
             # Only the repeats are redrawn; their previous values are still in the row.
             row_avail = xp.broadcast_to(avail[sparse_rows][pending][:, None], repeat.shape)
             tail = sub[:, 1:]
-            tail[repeat] = xp.floor(rng.random(int(repeat.sum())) * row_avail[repeat]).astype(
-                xp.int64
-            )
+            tail[repeat] = xp.floor(
+                rng.random(host_int(repeat.sum(), xp)) * row_avail[repeat]
+            ).astype(xp.int64)
             sub.sort(axis=1)
             draws[pending] = sub
         else:
@@ -385,15 +385,14 @@ def _draw_indices(avail: Any, n_neg: int, rng: Any, xp: Any) -> Any:
         out[sparse_rows] = draws
     dense_rows = xp.nonzero(dense)[0]
     if len(dense_rows):
-        width = int(avail[dense_rows].max())
+        width = host_int(avail[dense_rows].max(), xp)
         block = max(1, (1 << 24) // max(width, 1))
         for lo in range(0, len(dense_rows), block):  # bounded memory, not a loop per user
             rows = dense_rows[lo : lo + block]
             prio = rng.random((len(rows), width))
             prio[xp.arange(width)[None, :] >= avail[rows][:, None]] = 2.0  # never chosen
-            pick = xp.argsort(prio, axis=1)[:, :n_neg]
-            pick.sort(axis=1)
-            out[rows] = pick
+            # xp.sort sorts a copy: CuPy cannot sort the non-contiguous [:, :n_neg] view in place.
+            out[rows] = xp.sort(xp.argsort(prio, axis=1)[:, :n_neg], axis=1)
     return out
 
 
@@ -452,9 +451,9 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         n_low_rating = 0
         if config.min_rating is not None:
             keep = data.rating >= config.min_rating
-            n_low_rating = n_raw - int(keep.sum())
+            n_low_rating = n_raw - host_int(keep.sum(), xp)
             if n_low_rating == n_raw:
-                top = float(data.rating.max())
+                top = float(to_host(data.rating.max(), xp))
                 raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
                                f"(the highest rating is {top:g})")  # fmt: skip
             user, item, ts = _take(user, keep, backend), _take(item, keep, backend), ts[keep]
@@ -479,12 +478,12 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         del keys
         per_user = xp.bincount(users, minlength=n_u)
         keep_user = per_user >= config.min_interactions
-        n_keep = int(keep_user.sum())
+        n_keep = host_int(keep_user.sum(), xp)
         dropped = n_u - n_keep
         if n_keep == 0:
             raise NcfError(
                 f"no user has --min-interactions {config.min_interactions} distinct items "
-                f"(the most any user has is {int(per_user.max())})"
+                f"(the most any user has is {host_int(per_user.max(), xp)})"
             )
         if dropped:
             rows = keep_user[users]
@@ -533,8 +532,8 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
     with stage("test negatives") as note:
         n_neg = config.eval_negatives
         counts = xp.bincount(users, minlength=n_users)
-        worst = int(xp.argmax(counts))
-        most = int(counts[worst])
+        worst = host_int(xp.argmax(counts), xp)
+        most = host_int(counts[worst], xp)
         if n_items - most < n_neg:
             raw_id = user_ids[worst]
             raw_id = raw_id.item() if hasattr(raw_id, "item") else raw_id

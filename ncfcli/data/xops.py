@@ -9,6 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+
+def to_host(a: Any, xp: Any) -> np.ndarray:
+    """A device array as a host NumPy array: the deliberate device-to-host read (a sync on a
+    GPU). Shared code reads the device only through this and `host_int`, never by `int(a)`,
+    `bool(a)`, `a.tolist()` or `np.asarray(a)` (tests/strict_xp.py enforces it)."""
+    asnumpy = getattr(xp, "asnumpy", None)  # CuPy (and the strict test module) have it
+    return asnumpy(a) if asnumpy is not None else np.asarray(a)
+
+
+def host_int(a: Any, xp: Any) -> int:
+    """A 0-d device array (a count, a max) as a Python int, read deliberately (see to_host)."""
+    return int(to_host(a, xp))
+
 
 def sorted_unique(a: Any, xp: Any) -> Any:
     """The distinct values of a 1-D array, ascending (what `xp.unique(a)` returns)."""

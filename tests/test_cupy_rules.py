@@ -1,0 +1,183 @@
+"""The shared array code under CuPy's restrictions, on the CPU: `python -m pytest tests/test_cupy_rules.py`.
+
+prepare, an epoch of training samples and evaluation run with `tests/strict_xp.py`'s array
+module (NumPy that refuses what CuPy refuses: sorting a non-contiguous view, implicit host
+reads, int64 `maximum.at`, ...) and must give the same bytes as plain NumPy. The raw data is
+made so every branch runs: repeated pairs, a rating filter, dropped users, ties at the latest
+time, and users with so few candidate items that the test negatives take prepare's dense-row
+path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ncfcli.backend import Backend, get_backend
+from ncfcli.data import prepare as prepare_mod
+from ncfcli.data.batches import KeyedPermutation, NegativeSampler
+from ncfcli.data.dataset import ARRAYS, PreparedData, load_prepared, read_meta
+from ncfcli.data.raw import RawInteractions
+from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
+from ncfcli.evaluate import EvalConfig, evaluate
+from tests._runs import make_run
+from tests.strict_xp import StrictError, no_implicit_numpy, strict, strict_backend
+
+CPU = get_backend("cpu")
+N_ITEMS, N_NEG = 120, 20  # a user with more than 40 items has < 4 x 20 candidates: dense rows
+
+
+def _raw(backend: Backend) -> RawInteractions:
+    """~3,000 events: activity from 1 to 95 items per user, repeats, ties and low ratings."""
+    gen = np.random.default_rng(11)
+    users, items = [], []
+    for u in range(70):
+        k = 1 if u % 23 == 5 else 2 + (u * 37) % 94  # some users have one item: dropped
+        users.append(np.full(k, 1000 + 3 * u))
+        items.append(gen.choice(N_ITEMS, size=k, replace=False) * 2 + 7)
+    user, item = np.concatenate(users), np.concatenate(items)
+    again = gen.choice(user.size, size=user.size // 20, replace=False)  # repeated pairs
+    user, item = np.concatenate([user, user[again]]), np.concatenate([item, item[again]])
+    ts = gen.integers(0, 40, size=user.size) * 1000 + 880_000_000  # many ties
+    rating = gen.integers(1, 6, size=user.size).astype(np.float32)
+    return RawInteractions(
+        backend.asarray(user.astype(np.int64)),
+        backend.asarray(item.astype(np.int64)),
+        backend.asarray(ts.astype(np.int64)),
+        backend.asarray(rating),
+        {"kind": "hand", "name": "cupy-rules", "path": None, "sha256": None, "format": "test"},
+    )
+
+
+def _prepare(out: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch.setattr(prepare_mod, "_load", lambda config, be, quiet: _raw(be))
+    config = prepare_mod.PrepareConfig(source=str(out), out=str(out), seed=4,
+                                       eval_negatives=N_NEG, min_rating=2.0)  # fmt: skip
+    with no_implicit_numpy():
+        return prepare_mod.prepare(config, backend)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("rules")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, be in (("numpy", CPU), ("strict", strict_backend())):
+            _prepare(base / name, be, mp)
+    return {"numpy": base / "numpy", "strict": base / "strict"}
+
+
+def _strict_data(path: Path) -> PreparedData:
+    host = load_prepared(path, CPU)
+    arrays = {name: strict.asarray(getattr(host, name)) for name in ARRAYS}
+    return PreparedData(path=path, meta=host.meta, **arrays)
+
+
+def test_prepare_under_cupy_rules_gives_numpys_bytes(prepared: dict[str, Path]) -> None:
+    a, b = load_prepared(prepared["numpy"], CPU), load_prepared(prepared["strict"], CPU)
+    for name in ARRAYS:
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    meta = read_meta(prepared["strict"])
+    assert meta["dropped_users"] > 0 and meta["n_duplicates"] > 0
+    assert meta["n_below_min_rating"] > 0
+
+
+def test_the_data_reaches_the_dense_row_path(prepared: dict[str, Path]) -> None:
+    """Guards the test itself: some users have fewer than 4 x N candidates, some more."""
+    data = load_prepared(prepared["numpy"], CPU)
+    counts = np.bincount(data.train_users, minlength=data.n_users) + 1  # + the test item
+    avail = data.n_items - counts
+    assert (avail < 4 * N_NEG).sum() >= 5 and (avail >= 4 * N_NEG).sum() >= 5
+
+
+def test_an_epoch_under_cupy_rules_gives_numpys_samples(prepared: dict[str, Path]) -> None:
+    plain = NegativeSampler(load_prepared(prepared["numpy"], CPU), CPU, 4, seed=3)
+    checked = NegativeSampler(_strict_data(prepared["numpy"]), strict_backend(), 4, seed=3)
+    for approx in (False, True):
+        plain.approx = checked.approx = approx
+        with no_implicit_numpy():
+            got = checked.epoch(2, 256)
+        want = plain.epoch(2, 256)
+        for x, y in zip(want.arrays, got.arrays, strict=True):
+            np.testing.assert_array_equal(x, strict.asnumpy(y))
+        assert [b[0].shape[0] for b in got] == [b[0].shape[0] for b in want]
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_evaluation_under_cupy_rules_gives_numpys_metrics(
+    prepared: dict[str, Path], tmp_path: Path, full: bool
+) -> None:
+    from ncfcli.checkpoint import load_run
+
+    run = load_run(make_run(prepared["numpy"], tmp_path / "run", seed=2))
+    cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full, batch_rows=900)
+    want = evaluate(run, load_prepared(prepared["numpy"], CPU), cfg, CPU)
+    with no_implicit_numpy():
+        got = evaluate(run, _strict_data(prepared["numpy"]), cfg, strict_backend())
+    assert got == want
+
+
+def test_xops_under_cupy_rules() -> None:
+    a = strict.asarray(np.array([5, -3, 5, 9, -3, 2], dtype=np.int64))
+    np.testing.assert_array_equal(strict.asnumpy(sorted_unique(a, strict)), [-3, 2, 5, 9])
+    uniques, codes = unique_inverse(a, strict)
+    np.testing.assert_array_equal(strict.asnumpy(uniques)[strict.asnumpy(codes)], strict.asnumpy(a))
+    groups = strict.asarray(np.array([0, 1, 0, 1, 2, 2]))
+    np.testing.assert_array_equal(strict.asnumpy(group_max(a, groups, 3, strict)), [5, 9, 2])
+
+
+def test_keyed_permutation_under_cupy_rules() -> None:
+    n = 5000
+    ids = KeyedPermutation(n, salt=7, xp=strict)(strict.asarray(np.arange(n, dtype=np.int64)))
+    np.testing.assert_array_equal(np.sort(strict.asnumpy(ids)), np.arange(n))
+
+
+# ---- the strict module itself: each rule refuses what CuPy refuses -----------------------------
+
+
+def _rule_cases() -> list[tuple[str, Any]]:
+    def view_sort() -> None:
+        strict.argsort(strict.asarray(np.random.default_rng(0).random((4, 9))), axis=1)[:, :3].sort(
+            axis=1
+        )
+
+    a = strict.asarray(np.arange(6, dtype=np.int64))
+    return [
+        ("non-contiguous", view_sort),
+        ("int(a)", lambda: int(a.max())),
+        ("bool(a)", lambda: bool(a.any())),
+        ("a.tolist()", lambda: a.tolist()),
+        ("iterating", lambda: list(a)),
+        ("maximum.at on int64", lambda: strict.maximum.at(a, strict.asarray([0, 1]), a[:2])),
+        ("mixes a host NumPy array", lambda: a + np.arange(6)),
+        ("repeated index", lambda: a.__setitem__(strict.asarray([1, 1]), 0)),
+        ("overlaps an input", lambda: strict.add(a[1:], a[:-1], out=a[:-1])),
+        ("astype", lambda: strict.asarray([np.nan, 1.0]).astype(np.int64)),
+        ("no <U", lambda: strict.asarray(["a", "b"])),
+        ("kind", lambda: strict.argsort(a, kind="quicksort")),
+        ("no permutation", lambda: strict.random.default_rng(0).permutation(3)),
+        ("numpy.sort called directly", lambda: np.sort(a)),
+    ]
+
+
+@pytest.mark.parametrize(("message", "call"), _rule_cases(), ids=[c[0] for c in _rule_cases()])
+def test_strict_module_refuses_what_cupy_refuses(message: str, call: Any) -> None:
+    with pytest.raises(StrictError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        call()
+
+
+def test_strict_module_refuses_implicit_numpy_conversion() -> None:
+    a = strict.asarray(np.arange(3))
+    with no_implicit_numpy(), pytest.raises(StrictError, match="Implicit conversion"):
+        np.asarray(a)
+    assert np.asarray(a).shape == (3,)  # restored afterwards
+
+
+def test_strict_results_stay_device_arrays() -> None:
+    a = strict.asarray(np.arange(4, dtype=np.int32))
+    assert isinstance(a.sum(), strict.ndarray) and a.sum().ndim == 0
+    assert isinstance(a[2], strict.ndarray)
+    assert isinstance(torch.from_dlpack(strict_backend().to_torch(a)), torch.Tensor)
