@@ -15,8 +15,8 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
     model           state_dict (no DDP "module." prefix)
     optimizer       optimizer state_dict (absent in best.pt)
     scaler          GradScaler state_dict or None
-    torch_rng       torch CPU RNG state (uint8 tensor); training negatives need no saved
-                    state: each epoch is a function of (seed, epoch) (see data/batches.py)
+                    (no RNG state: each epoch's samples are a function of (seed, epoch), see
+                    data/batches.py, and dropout's of (seed, epoch, rank, step), train.py)
     history         list of per-epoch metric dicts
     best            {"epoch": int, "hr@10": float, "ndcg@10": float} or None
     resumes         [{"epoch", "step", "changed": {option: [old, new]}}], one per --resume

@@ -46,9 +46,10 @@ Scaling across ranks (`--scaling`):
 
 Seeds: the model is initialised from `seed`; each epoch's samples (order and negatives) are a
 function of (seed, epoch) alone, the same at any world size and on any backend (batches.py),
-and dropout comes from (seed, epoch, rank). So an epoch is reproducible from the seed alone and
-a checkpoint resumes on any world size. On the CPU one seed gives the same bytes; a resumed
-run equals an uninterrupted one.
+and dropout comes from (seed, epoch, rank, step), on the CPU's or the GPU's generator. So an
+epoch is reproducible from the seed alone and a checkpoint resumes on any world size. On the
+CPU one seed gives the same bytes; a resumed run equals an uninterrupted one, also when it was
+stopped mid-epoch (the checkpoint holds no generator state).
 
 `--resume` may change the learning rate and its schedule (--lr, --lr-decay, --warmup-epochs),
 Adam's --beta1/--beta2/--eps, --l2, --epochs, --target-hr, --tf32, --eval-batch and
@@ -383,6 +384,23 @@ def _decay(kind: str, done: float) -> float:
 
 def _seed_for(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _seed_dropout(device: torch.device, base: int, step: int) -> None:
+    """Seed the generator dropout draws from on `device` for one step, from the epoch's
+    `base` = _seed_for(seed, epoch, rank): the masks are then a function of (seed, epoch, rank,
+    step), so a run resumed mid-epoch draws what the uninterrupted one drew, on every rank and
+    device (the CUDA generator included), with no generator state saved.
+
+    The generator itself is seeded (about 1 us): torch.manual_seed also queues a CUDA seeding
+    with a stack trace, 0.5 ms a step. The step is mixed in with an odd multiplier (distinct
+    seeds; mt19937 and Philox decorrelate neighbouring ones).
+    """
+    value = (base + step * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index or 0].manual_seed(value)
+    else:
+        torch.default_generator.manual_seed(value)
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -732,7 +750,7 @@ def _train(
             "epoch": epoch, "step": step, "partial_loss": list(loss_sums), "world_size": env.world_size,
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
-            "torch_rng": torch.get_rng_state(), "history": history, "best": best,
+            "history": history, "best": best,
             "resumes": resumes,
         }  # fmt: skip
 
@@ -758,9 +776,6 @@ def _train(
             n_steps = len(batches)
             global_samples = batches.n_samples * env.world_size
             first = start_step if epoch == done + 1 else 0
-            torch.manual_seed(_seed_for(cfg.seed or 0, epoch, env.rank))
-            if first and env.is_main and resumed and resumed.get("torch_rng") is not None:
-                torch.set_rng_state(resumed["torch_rng"])  # dropout continues mid-epoch exactly
             task = bar.add_task(f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-",
                                 completed=min(global_samples, first * local_batch * env.world_size))  # fmt: skip
             # Loss stays on the device; it is read (and reduced) a few times per epoch only.
@@ -772,8 +787,11 @@ def _train(
             decay_steps = cfg.epochs * n_steps if cfg.lr_decay not in (None, "none") else 0
             step = first
             users = items = labels = None  # bound even when a resume starts past the last step
+            dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
             lr_first = lr_now = None
             for users, items, labels in batches.batches(first):
+                if cfg.dropout:
+                    _seed_dropout(device, dropout_base, step)
                 # Set every step (a resumed run's optimizer state holds the old run's lr).
                 k = (epoch - 1) * n_steps + step
                 lr_now = lr_peak
