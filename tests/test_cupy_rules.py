@@ -129,10 +129,32 @@ def test_xops_under_cupy_rules() -> None:
     np.testing.assert_array_equal(strict.asnumpy(group_max(a, groups, 3, strict)), [5, 9, 2])
 
 
-def test_keyed_permutation_under_cupy_rules() -> None:
-    n = 5000
-    ids = KeyedPermutation(n, salt=7, xp=strict)(strict.asarray(np.arange(n, dtype=np.int64)))
-    np.testing.assert_array_equal(np.sort(strict.asnumpy(ids)), np.arange(n))
+@pytest.mark.parametrize("n", [4097, 70_000])  # just above a power of 4: most values walk
+def test_keyed_permutation_walks_several_passes_per_sync(n: int) -> None:
+    """The GPU setting (8 Feistel passes between host syncs) gives the CPU's permutation with
+    a fraction of the syncs."""
+    positions = np.arange(n, dtype=np.int64)
+    counts, results = [], []
+    for passes in (1, 8):
+        before = strict.syncs
+        ids = KeyedPermutation(n, salt=7, xp=strict, passes=passes)(strict.asarray(positions))
+        counts.append(strict.syncs - before)
+        results.append(strict.asnumpy(ids))
+    np.testing.assert_array_equal(np.sort(results[0]), positions)
+    np.testing.assert_array_equal(results[1], results[0])
+    assert counts[0] > 20 and counts[1] <= -(-counts[0] // 8) + 1, counts
+
+
+def test_the_gpu_settings_give_the_cpu_epoch(prepared: dict[str, Path]) -> None:
+    """On a GPU the sampler skips the needle sort and walks 8 passes per sync: same samples."""
+    cpu = NegativeSampler(load_prepared(prepared["numpy"], CPU), CPU, 4, seed=5)
+    gpu_like = NegativeSampler(_strict_data(prepared["numpy"]), strict_backend(), 4, seed=5)
+    gpu_like.sort_needles, gpu_like.walk_passes = False, 8
+    assert cpu.sort_needles and cpu.walk_passes == 1  # the CPU keeps what pays there
+    with no_implicit_numpy():
+        got = gpu_like.epoch(3, 300)
+    for x, y in zip(cpu.epoch(3, 300).arrays, got.arrays, strict=True):
+        np.testing.assert_array_equal(x, strict.asnumpy(y))
 
 
 # ---- the strict module itself: each rule refuses what CuPy refuses -----------------------------

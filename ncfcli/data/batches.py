@@ -67,6 +67,7 @@ from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 
 CHUNK = 1 << 24  # samples built per vectorised pass; bounds temporaries, not a Python row loop
+GPU_WALK_PASSES = 8  # Feistel passes per host sync when cycle-walking on a GPU
 
 
 @dataclass
@@ -125,6 +126,10 @@ class NegativeSampler:
         self.pos_users = data.train_users  # int32 [n_pos], device
         self.pos_items = data.train_items
         self.n_pos = int(self.pos_users.shape[0])
+        # On a GPU each host sync stalls the launch queue, and binary searches cost the same in
+        # any order: walk several Feistel passes per sync and skip the needle sort there.
+        self.walk_passes = 1 if not backend.is_cuda else GPU_WALK_PASSES
+        self.sort_needles = not backend.is_cuda
         if self.n_pos == 0:
             raise NcfError(f"{data.path} has no training positives")
         if not approx and neg_per_pos > 0:
@@ -164,11 +169,14 @@ class NegativeSampler:
         r = xp.floor(uniform * allowed).astype(xp.int64)
         r = xp.minimum(r, allowed - 1)  # guards the float edge r == allowed
         query = u * self.n_items + r
-        # Sorted needles walk the keys in order: 6x faster on a CPU for shuffled epochs (the
-        # binary searches stop missing the cache), and the sort is cheap on a GPU.
-        order = xp.argsort(query)
-        j = xp.empty_like(query)
-        j[order] = xp.searchsorted(self._select_keys, query[order], side="right")
+        if self.sort_needles:
+            # Sorted needles walk the keys in order: 6x faster on a CPU for shuffled epochs (the
+            # binary searches stop missing the cache). A GPU's searches gain nothing from it.
+            order = xp.argsort(query)
+            j = xp.empty_like(query)
+            j[order] = xp.searchsorted(self._select_keys, query[order], side="right")
+        else:
+            j = xp.searchsorted(self._select_keys, query, side="right")
         j -= self._offsets[u]
         return (r + j).astype(xp.int32)
 
@@ -204,7 +212,7 @@ class NegativeSampler:
         n_pos = self.n_pos
         total = n_pos * (1 + self.neg_per_pos)
         n = self.samples_per_epoch(batch_size)
-        perm = KeyedPermutation(total, _salt(self.seed, epoch, 0), xp)
+        perm = KeyedPermutation(total, _salt(self.seed, epoch, 0), xp, self.walk_passes)
         neg_salt = _salt(self.seed, epoch, 1)
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
@@ -265,13 +273,19 @@ class KeyedPermutation:
     A balanced Feistel network permutes [0, 4^h) for the smallest 4^h >= n (so at most 4n);
     values that land outside [0, n) are sent through again ("cycle walking"), which keeps the
     map a bijection of [0, n). On average fewer than 4 passes, over ever fewer elements.
+
+    Finding which values are still outside (`nonzero`, a mask read) sizes an array on the host,
+    a sync on a GPU; with `passes` > 1 the walk makes that many passes between syncs, passing
+    values already inside through unchanged. The result is the same for any `passes` (each
+    value stops at the first one inside [0, n)); 1 does the least arithmetic, for the CPU.
     """
 
     ROUNDS = 4
 
-    def __init__(self, n: int, salt: int, xp: Any) -> None:
+    def __init__(self, n: int, salt: int, xp: Any, passes: int = 1) -> None:
         self.n = n
         self.xp = xp
+        self.passes = max(1, passes)
         self.half = max(1, ((max(n, 2) - 1).bit_length() + 1) // 2)
         self.keys = [_salt(salt, r, 2) for r in range(self.ROUNDS)]
 
@@ -288,9 +302,12 @@ class KeyedPermutation:
         """int64 positions in [0, n) -> int64 sample ids in [0, n)."""
         xp = self.xp
         y = self._once(positions.astype(xp.uint64))
-        outside = xp.nonzero(y >= xp.uint64(self.n))[0]
+        n = xp.uint64(self.n)
+        outside = xp.nonzero(y >= n)[0]
         while outside.shape[0]:
             walked = self._once(y[outside])
+            for _ in range(self.passes - 1):
+                walked = xp.where(walked >= n, self._once(walked), walked)
             y[outside] = walked
-            outside = outside[walked >= xp.uint64(self.n)]
+            outside = outside[walked >= n]
         return y.astype(xp.int64)
