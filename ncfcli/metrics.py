@@ -46,9 +46,12 @@ def metric_sums(ranks: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
     """
     top = max(ks)
     ranks = ranks.to(torch.int64)
-    at = torch.bincount(ranks[ranks < top], minlength=top).to(torch.float64)
+    # A scatter into top + 1 bins (the last collects every rank >= top): no boolean mask or
+    # bincount, whose output sizes are read on the host (a GPU sync each).
+    at = torch.zeros(top + 1, dtype=torch.int64, device=ranks.device)
+    at.scatter_add_(0, ranks.clamp(max=top), torch.ones_like(ranks))
     count = torch.tensor([float(ranks.numel())], dtype=torch.float64, device=ranks.device)
-    return torch.cat([at, count])
+    return torch.cat([at[:top].to(torch.float64), count])
 
 
 def sums_to_metrics(sums: torch.Tensor, ks: Sequence[int]) -> dict[str, float]:
@@ -112,12 +115,7 @@ def masked_scores(
     """
     device = users.device
     n = users.shape[0]
-    score_all = getattr(model, "score_all", None)
-    if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
-        scores = score_all(users).float()
-    else:
-        items = torch.arange(n_items, dtype=torch.int64, device=device)
-        scores = model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
+    scores = _score_all(model, users, n_items)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
@@ -131,6 +129,16 @@ def masked_scores(
         cols = train_items[torch.repeat_interleave(first, counts, output_size=total) + within]
         scores[rows, cols.long()] = float("-inf")
     return scores
+
+
+def _score_all(model: torch.nn.Module, users: torch.Tensor, n_items: int) -> torch.Tensor:
+    """float32 [U, n_items] logits of users int64 [U] against every item."""
+    score_all = getattr(model, "score_all", None)
+    if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
+        return score_all(users).float()
+    n = users.shape[0]
+    items = torch.arange(n_items, dtype=torch.int64, device=users.device)
+    return model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
 
 
 def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
@@ -167,14 +175,29 @@ def full_ranks(
     [n_users] (indexed by dense user id); all on the model's device. Every item the user did
     not interact with in training is a candidate, the test item included. Users are scored in
     chunks of `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start].
+
+    The chunks' users are consecutive, so each chunk's training items are one slice of
+    `train_items`; every slice bound is read to the host at once, before the loop, and the loop
+    itself never waits for the device (ml-20m: one sync instead of one per chunk, ~3,500).
+    Same scores and mask as `masked_scores`.
     """
     device = offsets.device
     step = chunk_users(n_items, max_rows)
+    starts = list(range(user_start, user_end, step))
     out = [torch.zeros(0, dtype=torch.int64, device=device)]
-    for s in range(user_start, user_end, step):
+    if not starts:
+        return out[0]
+    at = torch.tensor([*starts, user_end], dtype=torch.int64, device=device)
+    bounds = offsets[at].tolist()  # the one host read
+    for c, s in enumerate(starts):
         e = min(s + step, user_end)
         users = torch.arange(s, e, dtype=torch.int64, device=device)
-        scores = masked_scores(model, users, n_items, offsets, train_items)
+        scores = _score_all(model, users, n_items)
+        lo, hi = bounds[c], bounds[c + 1]
+        if hi > lo:
+            pos = torch.arange(lo, hi, dtype=torch.int64, device=device)
+            rows = torch.searchsorted(offsets[s + 1 : e + 1].contiguous(), pos, right=True)
+            scores[rows, train_items[lo:hi].long()] = float("-inf")
         out.append(masked_ranks(scores, test_items[s:e]))
     return torch.cat(out)
 

@@ -203,3 +203,36 @@ def test_strict_results_stay_device_arrays() -> None:
     assert isinstance(a.sum(), strict.ndarray) and a.sum().ndim == 0
     assert isinstance(a[2], strict.ndarray)
     assert isinstance(torch.from_dlpack(strict_backend().to_torch(a)), torch.Tensor)
+
+
+def test_full_ranking_reads_the_device_once(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Full ranking over 75 chunks of users reads the device once (not once per chunk: a GPU
+    sync each), and ranks exactly as `masked_scores` + `masked_ranks` do chunk by chunk."""
+    from ncfcli.checkpoint import load_run
+    from ncfcli.metrics import full_ranks, masked_ranks, masked_scores
+
+    model = load_run(make_run(prepared_dir, tmp_path / "run", seed=4)).model.eval()
+    data = load_prepared(prepared_dir, CPU)
+    offsets = torch.tensor(data.user_offsets(np))
+    train_items = torch.tensor(data.train_items)
+    test_items = torch.tensor(data.test_items)
+    reads = {"n": 0}
+    for name in ("__int__", "__float__", "__bool__", "__index__", "item", "tolist", "cpu", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *a: Any, _f: Any = original, **k: Any) -> Any:
+            reads["n"] += 1
+            return _f(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    rows = 4 * data.n_items  # 4 users a chunk: 75 chunks
+    ranks = full_ranks(model, 0, data.n_users, data.n_items, offsets, train_items, test_items, rows)
+    assert reads["n"] == 1
+    monkeypatch.undo()
+    users = torch.arange(data.n_users)
+    expected = masked_ranks(
+        masked_scores(model, users, data.n_items, offsets, train_items), test_items
+    )
+    assert torch.equal(ranks, expected)
