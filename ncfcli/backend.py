@@ -10,10 +10,12 @@ and what is reasoned on a GPU: docs/gpu.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -233,6 +235,15 @@ def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
     return "RMM async pool (cuDF, CuPy, torch)"
 
 
+_POOL_PEAK: dict[int, int] = {}  # CuPy pool bytes before build_stream released them, per device
+
+
+@functools.cache
+def _side_stream(device_index: int) -> Any:
+    """One non-blocking CUDA stream per device for Backend.build_stream (call with it current)."""
+    return _cupy().cuda.Stream(non_blocking=True)  # type: ignore[union-attr]
+
+
 def allocator() -> str | None:
     """The GPU allocator this process set up, in words (None before any GPU use)."""
     return _ALLOC.get("name")
@@ -288,6 +299,31 @@ class Backend:
         if self.is_cuda:
             _cupy().cuda.Device(self.device_index).synchronize()  # type: ignore[union-attr]
 
+    @contextlib.contextmanager
+    def build_stream(self) -> Iterator[None]:
+        """For a thread that builds the next epoch's arrays while this one trains (train.py).
+
+        On a GPU: the array work inside runs on a CUDA stream of its own (CuPy's current device
+        and stream are per thread, so both are bound here), the thread waits for it at the end,
+        and CuPy's own pool (when RMM does not serve CuPy) then returns its unused blocks (the
+        build's temporaries) to the device, where torch can use them. A no-op on the CPU.
+        """
+        if not self.is_cuda:
+            yield
+            return
+        cp = _cupy()
+        assert cp is not None
+        with cp.cuda.Device(self.device_index):
+            stream = _side_stream(self.device_index)
+            with stream:
+                yield
+            stream.synchronize()
+            pool = cp.get_default_memory_pool()
+            _POOL_PEAK[self.device_index] = max(
+                _POOL_PEAK.get(self.device_index, 0), int(pool.total_bytes())
+            )  # for peak_memory_bytes: the pool's size is its peak only until freed
+            pool.free_all_blocks()
+
     def peak_memory_bytes(self) -> int | None:
         """Device memory high-water mark of this process, or None on the CPU.
 
@@ -308,7 +344,7 @@ class Backend:
         if rmm_peak is not None:
             return peak + rmm_peak
         pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
-        return peak + int(pool.total_bytes())
+        return peak + max(int(pool.total_bytes()), _POOL_PEAK.get(self.device_index, 0))
 
     def describe(self) -> str:
         """What runs here, in words; never imports cuDF (seconds of start-up in every rank)."""

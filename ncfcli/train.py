@@ -31,8 +31,8 @@ honest (validation-chosen) figures.
 of the step alone, so a resumed run follows the same schedule); it is off by default because
 it did not help on ml-100k.
 
-On the CPU the next epoch's samples are built on a second thread while the current one trains,
-and the steps run on the remaining cores (one below a batch of CPU_ONE_THREAD_BELOW rows);
+The next epoch's samples are built on a second thread while the current one trains (on a GPU,
+on a CUDA stream of its own); on the CPU the steps run on the remaining cores (one below a batch of CPU_ONE_THREAD_BELOW rows);
 OMP_NUM_THREADS overrides the thread count.
 
 Scaling across ranks (`--scaling`):
@@ -64,7 +64,6 @@ every optimizer step and stop if they differ.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -336,9 +335,10 @@ class TrainResult:
     parameters: int
     device: str
     world_size: int
+    peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "run_dir": self.run_dir,
             "epochs": self.epochs,
             "best_epoch": self.best_epoch,
@@ -349,6 +349,9 @@ class TrainResult:
             "samples_per_second": self.samples_per_second,
             "seconds": self.seconds,
         }
+        if self.peak_gpu_bytes is not None:
+            out["peak_gpu_bytes"] = self.peak_gpu_bytes
+        return out
 
 
 class _Interrupt:
@@ -462,6 +465,11 @@ class _CpuAdam:
             self.steps[k] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(()).clone()
             self.exp_avg[k].copy_(st["exp_avg"])
             self.exp_avg_sq[k].copy_(st["exp_avg_sq"])
+
+
+def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
+    with sampler.backend.build_stream():
+        return sampler.epoch(epoch, batch_size)
 
 
 def _evaluate(
@@ -711,14 +719,14 @@ def _train(
     local_batch = (
         cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
     )
-    # On the CPU the next epoch's samples are built on a second thread while this one trains
-    # (NumPy releases the GIL in its heavy work): a fifth of ml-100k's training time otherwise.
-    # One core is left to it; two epochs of samples (12 B each) are alive at once.
-    prefetch = not backend.is_cuda
-    if prefetch and not os.environ.get("OMP_NUM_THREADS"):
+    # The next epoch's samples are built on a second thread while this one trains: on the CPU
+    # NumPy releases the GIL in its heavy work (a fifth of ml-100k's training time otherwise;
+    # one core is left to it); on a GPU the thread's kernels go to a CUDA stream of their own
+    # (backend.build_stream). Two epochs of samples (12 B each) are alive at once.
+    if not backend.is_cuda and not os.environ.get("OMP_NUM_THREADS"):
         small = local_batch < CPU_ONE_THREAD_BELOW
         torch.set_num_threads(1 if small else max(1, torch.get_num_threads() - 1))
-    builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch") if prefetch else None
+    builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
     lr_peak = cfg.lr * (math.sqrt(env.world_size) if cfg.scaling == "weak" else 1.0)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = "validation" if data.has_validation else "test"
@@ -765,14 +773,14 @@ def _train(
     with (
         _Interrupt() as interrupt,
         progress if progress is not None else _NullProgress() as bar,
-        builder if builder is not None else contextlib.nullcontext(),
+        builder,
     ):
         for epoch in range(done + 1, cfg.epochs + 1):
             backend.synchronize()
             t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
-            batches = upcoming.result() if upcoming else sampler.epoch(epoch, local_batch)
-            if builder is not None and epoch < cfg.epochs:
-                upcoming = builder.submit(sampler.epoch, epoch + 1, local_batch)
+            batches = upcoming.result() if upcoming else _build_epoch(sampler, epoch, local_batch)
+            if epoch < cfg.epochs:
+                upcoming = builder.submit(_build_epoch, sampler, epoch + 1, local_batch)
             n_steps = len(batches)
             global_samples = batches.n_samples * env.world_size
             first = start_step if epoch == done + 1 else 0
@@ -891,6 +899,7 @@ def _train(
         samples_per_second=train_samples / max(train_seconds, 1e-9),
         seconds=time.perf_counter() - t_start, trained_epochs=trained, stopped_early=stopped_early,
         parameters=n_params, device=backend.describe(), world_size=env.world_size,
+        peak_gpu_bytes=backend.peak_memory_bytes(),
     )  # fmt: skip
 
 

@@ -146,11 +146,13 @@ def test_keyed_permutation_walks_several_passes_per_sync(n: int) -> None:
 
 
 def test_the_gpu_settings_give_the_cpu_epoch(prepared: dict[str, Path]) -> None:
-    """On a GPU the sampler skips the needle sort and walks 8 passes per sync: same samples."""
+    """On a GPU the sampler skips the needle sort, walks 8 passes per sync and builds smaller
+    chunks: same samples."""
     cpu = NegativeSampler(load_prepared(prepared["numpy"], CPU), CPU, 4, seed=5)
     gpu_like = NegativeSampler(_strict_data(prepared["numpy"]), strict_backend(), 4, seed=5)
-    gpu_like.sort_needles, gpu_like.walk_passes = False, 8
+    gpu_like.sort_needles, gpu_like.walk_passes, gpu_like.chunk = False, 8, 1000
     assert cpu.sort_needles and cpu.walk_passes == 1  # the CPU keeps what pays there
+    assert cpu.chunk > cpu.samples_per_epoch(300) > 5 * gpu_like.chunk  # one chunk against 6+
     with no_implicit_numpy():
         got = gpu_like.epoch(3, 300)
     for x, y in zip(cpu.epoch(3, 300).arrays, got.arrays, strict=True):

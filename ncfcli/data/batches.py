@@ -67,6 +67,9 @@ from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 
 CHUNK = 1 << 24  # samples built per vectorised pass; bounds temporaries, not a Python row loop
+# A GPU builds the next epoch while training holds its activations, so its temporaries (about
+# 64 B a sample) are kept to ~0.27 GB; launches per chunk are cheap beside its ~4M samples.
+GPU_CHUNK = 1 << 22
 GPU_WALK_PASSES = 8  # Feistel passes per host sync when cycle-walking on a GPU
 
 
@@ -130,6 +133,7 @@ class NegativeSampler:
         # any order: walk several Feistel passes per sync and skip the needle sort there.
         self.walk_passes = 1 if not backend.is_cuda else GPU_WALK_PASSES
         self.sort_needles = not backend.is_cuda
+        self.chunk = CHUNK if not backend.is_cuda else GPU_CHUNK  # any size gives the same bytes
         if self.n_pos == 0:
             raise NcfError(f"{data.path} has no training positives")
         if not approx and neg_per_pos > 0:
@@ -217,8 +221,9 @@ class NegativeSampler:
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)
-        for s in range(0, n, CHUNK):
-            ids = perm(self._rank_positions(s, min(n, s + CHUNK), batch_size))
+        step = self.chunk
+        for s in range(0, n, step):
+            ids = perm(self._rank_positions(s, min(n, s + step), batch_size))
             neg = ids >= n_pos
             pair = ids % n_pos  # the positive a negative is paired with (its user)
             u = self.pos_users[pair]
@@ -227,9 +232,9 @@ class NegativeSampler:
             if neg_ids.shape[0]:
                 uniform = counter_uniform(ids[neg_ids] - n_pos, neg_salt, xp)
                 it[neg_ids] = self._draw_items(uniform, u[neg_ids])
-            users[s : s + CHUNK] = u
-            items[s : s + CHUNK] = it
-            labels[s : s + CHUNK] = 1.0 - neg.astype(xp.float32)
+            users[s : s + step] = u
+            items[s : s + step] = it
+            labels[s : s + step] = 1.0 - neg.astype(xp.float32)
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
         return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels))
