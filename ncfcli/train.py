@@ -482,12 +482,18 @@ def _evaluate(
 
     Always in fp32, also under --amp: bf16 keeps 8 bits of mantissa, so logits 2.31 and 2.32
     would round to one value and the tie rule would count the negative ahead of the positive.
+    TF32 (10 bits) is off here too, so the figures are `ncf eval`'s.
     """
     users, test_items, test_negs = eval_set
     was_training = model.training
     model.eval()
-    with torch.autocast(users.device.type, enabled=False):
-        ranks = sampled_ranks(model, users, test_items, test_negs, max_rows=max_rows)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.autocast(users.device.type, enabled=False):
+            ranks = sampled_ranks(model, users, test_items, test_negs, max_rows=max_rows)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     model.train(was_training)
     sums = dist_env.all_reduce_sum(metric_sums(ranks, KS), env)
     return sums_to_metrics(sums, KS)
