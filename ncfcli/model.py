@@ -114,6 +114,27 @@ class _Gather(torch.autograd.Function):
         return acc.to(ctx.dtype), None
 
 
+class _ReluDropout(torch.autograd.Function):
+    """dropout(relu(x), p) for training, x [B, h] -> [B, h], keeping only its output for the
+    backward pass: the output is 0 exactly where the gradient is (ReLU cut it or dropout dropped
+    it), so neither the ReLU's output nor dropout's mask is saved. The next layer saves the
+    output anyway, so the pair costs nothing extra: 2.3 GB less at ml-20m's batch of 2^20.
+    Same draws as nn.Dropout (F.dropout is what it calls)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, p: float) -> torch.Tensor:
+        out = F.dropout(x, p, training=True).relu_()  # = relu first: the mask's scale is > 0
+        ctx.save_for_backward(out)
+        ctx.scale = 1.0 / (1.0 - p)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (out,) = ctx.saved_tensors
+        # ReLU's own backward kernel (grad where out > 0, else 0), then dropout's scale.
+        return torch.ops.aten.threshold_backward(grad, out, 0.0).mul_(ctx.scale), None
+
+
 def _lecun_uniform_(w: torch.Tensor) -> None:
     bound = math.sqrt(3.0 / w.shape[1])
     nn.init.uniform_(w, -bound, bound)
@@ -238,6 +259,19 @@ class NCF(nn.Module):
         i = self._rows(self.item_mlp.weight, items)
         return self.mlp_in(u, i)
 
+    def _mlp_rest(self, h: torch.Tensor) -> torch.Tensor:
+        """self.mlp (ReLU, dropout, then Linear, ReLU, dropout per size) on the first layer's
+        pre-activation [B, layers[1]]; in training with dropout each ReLU + dropout pair is one
+        _ReluDropout, which saves half as much. Same modules, so the same state_dict."""
+        p = self.cfg.dropout
+        if not (self.training and p > 0):
+            return self.mlp(h)
+        h = _ReluDropout.apply(h, p)
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                h = _ReluDropout.apply(layer(h), p)
+        return h
+
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """users [B], items [B] (int32/int64) -> logits [B]."""
         if self.training:
@@ -253,7 +287,7 @@ class NCF(nn.Module):
             )
             return dot + bias[:, 0] + self.global_bias
         if self.mlp_in is not None:
-            parts.append(self.mlp(self._mlp_first(users, items)))  # [B, layers[-1]]
+            parts.append(self._mlp_rest(self._mlp_first(users, items)))  # [B, layers[-1]]
         elif self.user_mlp is not None and self.item_mlp is not None:
             # --layers with one size: the head reads the MLP embeddings themselves.
             parts += [
