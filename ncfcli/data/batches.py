@@ -40,18 +40,21 @@ negatives (measured on ml-100k: HR@10 0.709 with the leak, 0.674 without).
 Memory, in bytes per training sample of this rank (n = N / W samples):
 
     epoch arrays kept for training   users int32 4 + items int32 4 + labels float32 4 = 12
-    per-chunk temporaries            bounded by CHUNK = 2^24 samples (about 1 GB), not by n
+    per-chunk temporaries            at most about 100 B a sample of a chunk: CHUNK = 2^24
+                                     on the CPU (1.7 GB), GPU_CHUNK = 2^22 on a GPU (0.42 GB)
 
 plus, resident for the whole run, the positives (8 B each) and the exclusion keys (8 B per
-positive and per user). train.py drops the previous epoch before building the next.
+positive and per user). The next epoch is built while this one trains (train.py: a thread,
+and on a GPU a side stream), so two epochs' arrays are alive then; on a GPU CuPy's pool hands
+the build's temporaries back to the device when it ends (Backend.build_stream).
 
-ml-20m (19.86M positives, 4 negatives, N = 99.3M, one GPU): the epoch arrays take
-99.3M x 12 B = 1.2 GB, the chunk temporaries at most about 1 GB and the resident keys 0.32 GB,
-so the data path peaks near 2.5 GB and holds 1.5 GB while training (the 2^20-row batches are
-views of the epoch arrays and cost nothing more). NeuMF at NVIDIA's size (31.8M parameters;
-weights, gradients and Adam state 0.5 GB) and its activations at a 2^20 batch take roughly
-6 GB, so a run peaks near 9 GB, inside a 16 GB GPU, with every negative verified. NVIDIA needed
-10 GB for the same batch with unverified negatives.
+ml-20m (19.86M positives, 4 negatives, N = 99.3M, one GPU): 1.19 GB an epoch, two of them
+while the next is built, 0.42 GB of temporaries and 0.38 GB resident: the array side peaks
+near 3.2 GB. With NVIDIA's model at a 2^20 batch in fp32 (parameters and Adam 0.5 GB, saved
+activations and the backward's gradients about 3.7 GB, the projected first-layer tables 0.34
+GB, torch's allocator slack, a 0.6 GB CUDA context) a run peaks near 9 GB, about 7 GB under
+AMP: reasoned from the code, not measured; the arithmetic is in docs/gpu-memory.md and
+`ncf train --json` reports the measured `peak_gpu_bytes` on a GPU.
 """
 
 from __future__ import annotations
