@@ -21,7 +21,7 @@ import torch
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data import prepare as prepare_mod
 from ncfcli.data.batches import KeyedPermutation, NegativeSampler
-from ncfcli.data.dataset import ARRAYS, PreparedData, load_prepared, read_meta
+from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, PreparedData, load_prepared, read_meta
 from ncfcli.data.raw import RawInteractions
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
 from ncfcli.evaluate import EvalConfig, evaluate
@@ -73,13 +73,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _strict_data(path: Path) -> PreparedData:
     host = load_prepared(path, CPU)
-    arrays = {name: strict.asarray(getattr(host, name)) for name in ARRAYS}
+    names = [*ARRAYS, *(VALID_ARRAYS if host.has_validation else ())]
+    arrays = {name: strict.asarray(getattr(host, name)) for name in names}
     return PreparedData(path=path, meta=host.meta, **arrays)
 
 
 def test_prepare_under_cupy_rules_gives_numpys_bytes(prepared: dict[str, Path]) -> None:
     a, b = load_prepared(prepared["numpy"], CPU), load_prepared(prepared["strict"], CPU)
-    for name in ARRAYS:
+    assert a.has_validation and b.has_validation
+    for name in [*ARRAYS, *VALID_ARRAYS]:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     meta = read_meta(prepared["strict"])
     assert meta["dropped_users"] > 0 and meta["n_duplicates"] > 0
@@ -107,14 +109,15 @@ def test_an_epoch_under_cupy_rules_gives_numpys_samples(prepared: dict[str, Path
         assert [b[0].shape[0] for b in got] == [b[0].shape[0] for b in want]
 
 
+@pytest.mark.parametrize("split", ["test", "validation"])
 @pytest.mark.parametrize("full", [False, True])
 def test_evaluation_under_cupy_rules_gives_numpys_metrics(
-    prepared: dict[str, Path], tmp_path: Path, full: bool
+    prepared: dict[str, Path], tmp_path: Path, full: bool, split: str
 ) -> None:
     from ncfcli.checkpoint import load_run
 
     run = load_run(make_run(prepared["numpy"], tmp_path / "run", seed=2))
-    cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full, batch_rows=900)
+    cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full, batch_rows=900, split=split)
     want = evaluate(run, load_prepared(prepared["numpy"], CPU), cfg, CPU)
     with no_implicit_numpy():
         got = evaluate(run, _strict_data(prepared["numpy"]), cfg, strict_backend())
@@ -255,7 +258,7 @@ def test_training_under_cupy_rules_gives_numpys_run(
                                     dropout=0.2, neg_per_pos=3, seed=1)  # fmt: skip
         train_mod.train(cfg, env=DistEnv())
         lines = (out / "metrics.jsonl").read_text().splitlines()
-        keys = ("epoch", "loss", "hr@10", "ndcg@10")
+        keys = ("epoch", "loss", "validation", "test")
         return [{k: json.loads(line)[k] for k in keys} for line in lines]
 
     want = run(tmp_path / "numpy")

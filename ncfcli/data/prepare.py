@@ -510,7 +510,7 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         if config.validation:
             counts = xp.bincount(users, minlength=n_users)
             eligible = counts[users] >= MIN_FOR_VALIDATION
-            n_no_valid = n_users - int((counts >= MIN_FOR_VALIDATION).sum())
+            n_no_valid = n_users - host_int((counts >= MIN_FOR_VALIDATION).sum(), xp)
             del counts
             rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
             del eligible
