@@ -118,3 +118,13 @@ def test_gather_sums_gradients_in_fp32() -> None:
     assert table.grad is not None and table.grad.dtype == torch.bfloat16
     assert table.grad[0, 0].item() == pytest.approx(2.0, abs=0.01)
     assert table.grad[1:].abs().sum().item() == 0.0
+
+
+def test_fp16_with_loss_scaling_trains(prepared_dir: Path, tmp_path: Path) -> None:
+    """--amp-dtype fp16 (GPUs without bf16): autocast to fp16 plus GradScaler, on the CPU."""
+    result = ncf("train", prepared_dir, "--out", tmp_path / "run", "--epochs", 1, *SMALL,
+                 "--amp", "--amp-dtype", "fp16", "--json", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["scaler"] is not None  # loss scaling was on
+    assert json.loads(result.stdout)["metrics"]["hr@10"] > 0.1

@@ -222,6 +222,6 @@ def test_dropout_run_resumes_mid_epoch_on_the_gpu(
     b = load_checkpoint(tmp_path / "part" / "checkpoints" / "last.pt")
     for x, y in zip(a["history"], b["history"], strict=True):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
-        assert y["hr@10"] == pytest.approx(x["hr@10"], abs=0.01)
+        assert y["test"]["hr@10"] == pytest.approx(x["test"]["hr@10"], abs=0.01)
     for name, w in a["model"].items():
         torch.testing.assert_close(b["model"][name], w, atol=1e-4, rtol=1e-3)
