@@ -32,8 +32,8 @@ of the step alone, so a resumed run follows the same schedule); it is off by def
 it did not help on ml-100k.
 
 The next epoch's samples are built on a second thread while the current one trains (on a GPU,
-on a CUDA stream of its own); on the CPU the steps run on the remaining cores (one below a batch of CPU_ONE_THREAD_BELOW rows);
-OMP_NUM_THREADS overrides the thread count.
+on a CUDA stream of its own); on the CPU the steps run on the remaining cores (one below a
+batch of CPU_ONE_THREAD_BELOW rows); OMP_NUM_THREADS overrides the thread count.
 
 Scaling across ranks (`--scaling`):
 
