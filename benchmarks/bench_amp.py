@@ -1,4 +1,4 @@
-"""--amp against fp32 on MovieLens-100K: `python benchmarks/bench_amp.py [PATH/u.data] [--seeds 0 1 2]`.
+"""--amp against fp32 on MovieLens-100K: `python benchmarks/bench_amp.py [PATH/u.data]`.
 
 Prepares the data once with `ncf prepare`, then for each seed runs `ncf train DATA --json`
 with default flags, once in fp32 and once with `--amp` (bf16 autocast; on a CPU too), and
@@ -31,7 +31,7 @@ def _train(ncf: list[str], data: Path, out: Path, device: str, seed: int, amp: b
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])  # --seeds 0 1 2
     ap.add_argument("path", nargs="?", default=str(DEFAULT), help="u.data of MovieLens-100K")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -54,8 +54,9 @@ def main() -> int:
                   f"amp {amp['ndcg@10']:.4f}; wall fp32 {runs[False]['seconds']:.1f} s "
                   f"amp {runs[True]['seconds']:.1f} s")  # fmt: skip
     verdict = "met" if worst <= 0.01 else "NOT met"
+    load = os.getloadavg()[0]
     print(f"largest |HR@10 difference| {worst:.4f} over {len(args.seeds)} seeds "
-          f"(target <= 0.01: {verdict}); load average {os.getloadavg()[0]:.2f} at the end")  # fmt: skip
+          f"(target <= 0.01: {verdict}); load average {load:.2f} at the end")  # fmt: skip
     return 0
 
 

@@ -235,8 +235,8 @@ class StrictArray(np.ndarray):
         outs = kwargs.get("out") or ()
         for out in outs:
             for x in inputs:
-                if (isinstance(x, np.ndarray) and x is not out and np.shares_memory(_base(out), _base(x))
-                        and not _same_layout(out, x)):  # fmt: skip
+                overlaps = isinstance(x, np.ndarray) and x is not out
+                if overlaps and np.shares_memory(_base(out), _base(x)) and not _same_layout(out, x):
                     raise StrictError(
                         f"{ufunc.__name__} writes into an array that overlaps an input: CuPy "
                         "does not buffer, so the result differs from NumPy's"

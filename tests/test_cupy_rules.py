@@ -1,4 +1,4 @@
-"""The shared array code under CuPy's restrictions, on the CPU: `python -m pytest tests/test_cupy_rules.py`.
+"""Shared array code under CuPy's rules, on a CPU: `python -m pytest tests/test_cupy_rules.py`.
 
 prepare, an epoch of training samples and evaluation run with `tests/strict_xp.py`'s array
 module (NumPy that refuses what CuPy refuses: sorting a non-contiguous view, implicit host

@@ -1,4 +1,4 @@
-"""A run with dropout stopped mid-epoch resumes exactly: `python -m pytest tests/test_resume_dropout.py`.
+"""Dropout runs stopped mid-epoch resume exactly: `python -m pytest tests/test_resume_dropout.py`.
 
 Dropout is the one random draw of a training step that is not a function of the data (the
 epoch's samples are rebuilt from the seed, ncfcli/data/batches.py). Its masks come from a seed
