@@ -238,9 +238,6 @@ def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
 _POOL_PEAK: dict[int, int] = {}  # CuPy pool bytes before build_stream released them, per device
 
 
-_POOL_PEAK: dict[int, int] = {}  # CuPy pool bytes before build_stream released them, per device
-
-
 @functools.cache
 def _side_stream(device_index: int) -> Any:
     """One non-blocking CUDA stream per device for Backend.build_stream (call with it current)."""
