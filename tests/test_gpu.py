@@ -177,15 +177,14 @@ def test_rmm_serves_torch_when_installed() -> None:
     (tests/test_backend.py checks the order of the set-up with stand-in modules)."""
     import os
 
-    rmm = pytest.importorskip("rmm")
-    import rmm.mr
-
+    pytest.importorskip("rmm")
+    rmm_mr = pytest.importorskip("rmm.mr")
     if os.environ.get("NCF_RMM", "1") == "0":
         pytest.skip("NCF_RMM=0")
     get_backend("cuda")
     assert "torch" in (backend_mod.allocator() or ""), backend_mod.allocator()
-    mr = rmm.mr.get_current_device_resource()
-    assert isinstance(mr, rmm.mr.StatisticsResourceAdaptor)
+    mr = rmm_mr.get_current_device_resource()
+    assert isinstance(mr, rmm_mr.StatisticsResourceAdaptor)
     before = mr.allocation_counts.current_bytes
     x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     assert mr.allocation_counts.current_bytes >= before + (1 << 28)
