@@ -87,7 +87,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> dict[
 
 
 def model_from_checkpoint(state: dict[str, Any], device: str = "cpu") -> NCF:
+    from ncfcli import baselines
+
     try:
+        if state["model_config"].get("kind") in baselines.KINDS:
+            # A fitted baseline: its state is the tensors themselves (ncfcli/baselines.py).
+            return baselines.from_state(state["model_config"], state["model"]).to(device)  # type: ignore[return-value]
         cfg = ModelConfig.from_dict(state["model_config"])
         model = build_model(cfg)
         model.load_state_dict(state["model"])

@@ -417,7 +417,10 @@ def train(
     beta2: float | None = _opt("Adam beta2.", "--beta2"),
     eps: float | None = _opt("Adam epsilon.", "--eps"),
     l2: float | None = _opt("L2 penalty on the batch's embedding rows (default: 0).", "--l2"),
-    model: str | None = _opt("neumf | gmf | mlp | mf (default: neumf).", "--model"),
+    model: str | None = _opt(
+        "neumf | gmf | mlp | mf (default: neumf), or a baseline: pop | itemknn | ease | als.",
+        "--model",
+    ),
     factors: int | None = _opt("GMF/MF embedding width.", "--factors", "-f"),
     layers: str | None = _opt(
         "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).", "--layers"
@@ -452,6 +455,14 @@ def train(
         "none | linear | cosine: lr falls to 0 over the run (default: by dataset size).",
         "--lr-decay",
     ),
+    als_reg: float | None = _opt("als: regularisation (default: 30).", "--als-reg"),
+    als_alpha: float | None = _opt("als: confidence weight alpha (default: 5).", "--als-alpha"),
+    als_iterations: int | None = _opt("als: iterations (default: 15).", "--als-iterations"),
+    ease_lambda: float | None = _opt("ease: L2 regularisation (default: 500).", "--ease-lambda"),
+    knn_neighbours: int | None = _opt(
+        "itemknn: neighbours kept per item (default: 100).", "--knn-neighbours"
+    ),
+    knn_shrink: float | None = _opt("itemknn: similarity shrinkage (default: 10).", "--knn-shrink"),
     eval_batch: int | None = _opt(
         "Most (user, item) rows scored at once in evaluation (default: 2^20).", "--eval-batch"
     ),
@@ -476,6 +487,8 @@ def train(
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
+    if procs > 1 and model in ("pop", "itemknn", "ease", "als"):
+        raise NcfError(f"--model {model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
     if procs > 1 and os.environ.get("WORLD_SIZE") in (None, ""):
         from ncfcli.launch import launch_train
 
@@ -496,7 +509,8 @@ def train(
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
-        lr_decay=lr_decay,
+        lr_decay=lr_decay, als_reg=als_reg, als_alpha=als_alpha, als_iterations=als_iterations,
+        ease_lambda=ease_lambda, knn_neighbours=knn_neighbours, knn_shrink=knn_shrink,
         eval_batch=eval_batch, keep_checkpoints=keep_checkpoints,
     )  # fmt: skip
     env = env_from_environ()

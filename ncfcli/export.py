@@ -345,6 +345,13 @@ def run_export(run_dir: str | Path, cfg: ExportConfig) -> dict:
 
     require_export_deps()
     run = load_run(run_dir, "cpu")
+    kind = run.model_config.kind
+    if kind in ("pop", "itemknn", "ease"):
+        # Their scores read the user's whole training row, not a (user, item) lookup.
+        raise NcfError(
+            f"ncf export --onnx takes NCF models and --model als; {run_dir} is a --model {kind} "
+            "baseline: score it with ncf eval or ncf recommend"
+        )
     data_dir = run.dataset_path
     if not data_dir.is_dir():
         raise NcfError(

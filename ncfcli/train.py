@@ -78,6 +78,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ncfcli import baselines
 from ncfcli import checkpoint as ckpt
 from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
@@ -139,7 +140,7 @@ class TrainConfig:
     beta2: float | None = None  # Adam beta2
     eps: float | None = None  # Adam epsilon
     l2: float | None = None  # L2 penalty on the embeddings of each batch's rows (0 = off)
-    model: str | None = None  # neumf | gmf | mlp | mf
+    model: str | None = None  # neumf | gmf | mlp | mf, or a baseline: pop | itemknn | ease | als
     factors: int | None = None  # GMF / MF embedding width
     layers: tuple[int, ...] | None = None  # MLP sizes; the first is 2 x the MLP embedding width
     dropout: float | None = None  # dropout after each MLP hidden layer
@@ -153,6 +154,12 @@ class TrainConfig:
     scaling: str | None = None  # strong (global batch fixed) | weak (per-rank batch fixed)
     warmup_epochs: int | None = None  # epochs of linear lr ramp under weak scaling
     lr_decay: str | None = None  # none | linear | cosine: lr falls to 0 over the run's steps
+    als_reg: float | None = None  # als: L2 regularisation of the factors
+    als_alpha: float | None = None  # als: confidence of a positive is 1 + alpha
+    als_iterations: int | None = None  # als: alternating sweeps
+    ease_lambda: float | None = None  # ease: L2 regularisation of the item-item weights
+    knn_neighbours: int | None = None  # itemknn: most similar items kept per item
+    knn_shrink: float | None = None  # itemknn: shrinkage of the cosine similarity
     eval_batch: int | None = None  # most (user, item) rows scored at once in evaluation
     keep_checkpoints: int | None = None  # per-epoch checkpoints kept (last.pt, best.pt always)
 
@@ -178,8 +185,8 @@ class TrainConfig:
             (
                 "--model",
                 self.model,
-                self.model is None or self.model in KINDS,
-                "one of " + ", ".join(KINDS),
+                self.model is None or self.model in KINDS + baselines.KINDS,
+                "one of " + ", ".join(KINDS + baselines.KINDS),
             ),
             ("--factors", self.factors, self.factors is None or self.factors >= 1, ">= 1"),
             ("--dropout", self.dropout, self.dropout is None or 0 <= self.dropout < 1, "in [0, 1)"),
@@ -240,6 +247,7 @@ class TrainConfig:
                 raise NcfError(f"--layers must be positive sizes, got {list(self.layers)}", 2)
             if self.layers[0] % 2:
                 raise NcfError(f"--layers: the first size must be even, got {self.layers[0]}", 2)
+        baselines.check_options(asdict(self))
         if self.resume and self.out is None:
             raise NcfError("--resume needs --out RUN_DIR, the run to continue", exit_code=2)
         if self.resume and self.overwrite:
@@ -629,6 +637,8 @@ def _train(
     data = load_prepared(cfg.data_dir, backend)
     n_train = int(data.train_users.shape[0])
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
+    if cfg.model in baselines.KINDS:
+        return _fit_baseline(cfg, data, env, backend, run_dir, t_start)
 
     # ---- resume or start: the resolved config ------------------------------------------------
     resumed: dict[str, Any] | None = None
@@ -906,6 +916,55 @@ def _train(
         seconds=time.perf_counter() - t_start, trained_epochs=trained, stopped_early=stopped_early,
         parameters=n_params, device=backend.describe(), world_size=env.world_size,
         peak_gpu_bytes=backend.peak_memory_bytes(),
+    )  # fmt: skip
+
+
+def _fit_baseline(
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path,
+    t_start: float,
+) -> TrainResult:
+    """`--model pop|itemknn|ease|als`: fit once, evaluate like an NCF epoch, write a normal run."""
+    kind = str(cfg.model)
+    if cfg.resume:
+        raise NcfError(f"--model {kind} is fitted in one go; there is nothing to --resume")
+    if env.world_size > 1:
+        raise NcfError(f"--model {kind} fits in one process; drop --nproc/--gpus")
+    if (run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists():
+        raise NcfError(f"{run_dir} already holds a run; pick another --out")
+    given = {k: getattr(cfg, k) for k in baselines.DEFAULTS if getattr(cfg, k) is not None}
+    opts = {**baselines.DEFAULTS, **given} if kind in ("als", "ease", "itemknn") else {}
+    keep = {"als": ("factors", "als_reg", "als_alpha", "als_iterations"), "ease": ("ease_lambda",),
+            "itemknn": ("knn_neighbours", "knn_shrink")}.get(kind, ())  # fmt: skip
+    seed = cfg.seed or 0
+    cfg = replace(cfg, seed=seed, **{k: opts[k] for k in keep})
+    bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep})
+    model, fit_seconds = baselines.fit(bcfg, data, backend, seed)
+    device = torch.device(backend.torch_device)
+    eval_set = (torch.arange(data.n_users, device=device, dtype=torch.int32),
+                backend.to_torch(data.test_items), backend.to_torch(data.test_negatives))  # fmt: skip
+    metrics = _evaluate(model, eval_set, env, cfg.eval_batch, contextlib.nullcontext)
+    record = {"epoch": 1, "loss": float("nan"), **metrics, "train_seconds": fit_seconds,
+              "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
+    best = {"epoch": 1, "hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]}
+    dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
+                    "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"model": bcfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
+              "world_size": 1, "device": backend.describe(),
+              "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
+    atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
+    state = {"model_config": bcfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
+             "epoch": 1, "step": 0, "world_size": 1, "model": model.state_dict(),
+             "history": [record], "best": best}  # fmt: skip
+    _write_checkpoint(run_dir, state, 1, cfg.keep_checkpoints)
+    ckpt.save_checkpoint(run_dir / ckpt.BEST, state)
+    _write_metrics(run_dir, [record])
+    return TrainResult(
+        run_dir=str(run_dir), epochs=1, best_epoch=1,
+        metrics={"hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]},
+        samples_per_second=record["samples_per_second"], seconds=time.perf_counter() - t_start,
+        trained_epochs=1, stopped_early=False, parameters=0, device=backend.describe(),
+        world_size=1,
     )  # fmt: skip
 
 

@@ -1,0 +1,164 @@
+"""NCF's defaults against ALS tuned on validation, on the same split: `python benchmarks/bench_accuracy.py`.
+
+For each dataset (real MovieLens-100K, and a sparse synthetic one with about 10 items per
+user), the script prepares the data, carves a validation split out of the training set
+(benchmarks/_validation.py: each user's latest training item), then:
+
+- ALS (`ncf train --model als`): every point of a small grid is fitted on the validation
+  split's training set and scored on validation; the best (sampled HR@10 + full-ranking HR@10)
+  is scored on the test split;
+- NCF: `ncf train VAL_DIR` with no tuning flag (the defaults under test, or `--ncf-args`),
+  once per seed; the epoch best on validation (best.pt) is scored on the test split.
+
+Test figures are sampled (the prepared 100 negatives) and full ranking, via `ncf eval --data`.
+Both models train on exactly the same positives. It prints median/min/max over seeds, and exits
+1 when NCF's median misses ALS by less than --margin (0.02) on any of HR@10 / NDCG@10, sampled
+or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user runs it).
+
+    python benchmarks/bench_accuracy.py --datasets ml-100k --seeds 0 1 2
+    python benchmarks/bench_accuracy.py --ncf-args "--model mf --l2 1e-4" --seeds 0 --no-als
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _validation import _raw_times, make_validation  # noqa: E402
+
+# The real MovieLens-100K: $ML100K (a u.data path), else `ncf prepare ml-100k` (cache/download).
+ML100K = os.environ.get("ML100K", "ml-100k")
+# Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average,
+# median ~8; users below 3 are dropped so each keeps a training, a validation and a test item).
+SPARSE = ["synthetic", "--users", "10000", "--items", "3000", "--interactions", "110000",
+          "--min-interactions", "3"]  # fmt: skip
+ALS_GRID = [  # factors, reg, alpha, iterations
+    (f, reg, alpha, 15) for f in (64, 256) for reg in (3.0, 30.0) for alpha in (1.0, 5.0, 20.0)
+]
+METRICS = ("hr@10", "ndcg@10")
+
+
+def ncf(*args: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "ncfcli", *args, "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"failed: {shlex.join(cmd)}\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_metrics(run: Path, data: Path) -> dict[str, float]:
+    out = {}
+    for proto, extra in (("sampled", []), ("full", ["--full-ranking"])):
+        m = ncf("eval", str(run), "--data", str(data), "--k", "10", *extra)["metrics"]
+        out.update({f"{proto} {k}": m[k] for k in METRICS})
+    return out
+
+
+def prepare(name: str, work: Path) -> tuple[Path, Path]:
+    test_dir, val_dir = work / name, work / f"{name}-val"
+    if name == "ml-100k":
+        ncf("prepare", ML100K, "--out", str(test_dir))
+        source = json.loads((test_dir / "meta.json").read_text())["source"]["path"]
+        times = _raw_times(source)
+    else:
+        import numpy as np
+
+        from ncfcli.data.synthetic import generate, resolve_shape
+
+        ncf("prepare", *SPARSE, "--out", str(test_dir))
+        raw = generate(resolve_shape(None, 10000, 3000, 110000), seed=0, with_rating=False)
+        times = (raw["user"], raw["item"], raw["timestamp"].astype(np.int64))
+    make_validation(test_dir, val_dir, times)
+    return test_dir, val_dir
+
+
+def tune_als(val_dir: Path, work: Path, grid: list[tuple[int, float, float, int]]) -> tuple[Any, Path]:
+    best: tuple[float, Any, Path] | None = None
+    for f, reg, alpha, it in grid:
+        run = work / f"als-{val_dir.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
+        ncf("train", str(val_dir), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
+            "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
+        v = test_metrics(run, val_dir)
+        score = v["sampled hr@10"] + v["full hr@10"]
+        print(f"  als f={f} reg={reg} alpha={alpha} it={it}: validation "
+              + " ".join(f"{k} {x:.4f}" for k, x in v.items()), flush=True)  # fmt: skip
+        if best is None or score > best[0]:
+            best = (score, (f, reg, alpha, it), run)
+    assert best is not None
+    return best[1], best[2]
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, tuple[float, float, float]]:
+    return {k: (statistics.median(r[k] for r in rows), min(r[k] for r in rows),
+                max(r[k] for r in rows)) for k in rows[0]}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", nargs="+", default=["ml-100k", "sparse"])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ncf-args", default="", help="extra `ncf train` flags (default: none)")
+    p.add_argument("--margin", type=float, default=0.02)
+    p.add_argument("--no-als", action="store_true", help="NCF only (tuning runs)")
+    p.add_argument("--als", help="skip the grid: factors,reg,alpha,iterations")
+    p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
+    a = p.parse_args()
+    print(f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, ncf args {a.ncf_args!r}")
+    missed = False
+    with tempfile.TemporaryDirectory(prefix="ncf-acc-") as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name in a.datasets:
+            test_dir, val_dir = work / name, work / f"{name}-val"
+            if not (val_dir / "meta.json").exists():
+                test_dir, val_dir = prepare(name, work)
+            print(f"== {name}", flush=True)
+            als = None
+            if not a.no_als:
+                grid = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
+                grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in grid]
+                params, run = tune_als(val_dir, work, grid)
+                als = test_metrics(run, test_dir)
+                print(f"ALS {params} (chosen on validation), test: "
+                      + " ".join(f"{k} {x:.4f}" for k, x in als.items()), flush=True)  # fmt: skip
+            rows = []
+            for seed in a.seeds:
+                run = work / f"ncf-{name}-{seed}-{time.time_ns()}"
+                t0 = time.perf_counter()
+                res = ncf("train", str(val_dir), "--seed", str(seed), "--out", str(run),
+                          *shlex.split(a.ncf_args))  # fmt: skip
+                wall = time.perf_counter() - t0
+                val = test_metrics(run, val_dir)
+                row = test_metrics(run, test_dir)
+                rows.append(row)
+                print(f"NCF seed {seed}: validation-chosen epoch {res['best_epoch']}/"
+                      f"{res['epochs']}, {wall:.0f} s, validation "
+                      + " ".join(f"{k} {x:.4f}" for k, x in val.items()) + "; test "
+                      + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
+            s = summary(rows)
+            for k, (med, lo, hi) in s.items():
+                line = f"  {k:14s} NCF median {med:.4f} (min {lo:.4f}, max {hi:.4f})"
+                if als is not None:
+                    gap = med - als[k]
+                    ok = gap >= a.margin
+                    missed |= not ok
+                    line += f"  ALS {als[k]:.4f}  gap {gap:+.4f} {'ok' if ok else 'MISSED'}"
+                print(line, flush=True)
+    if missed:
+        print(f"target missed: NCF must beat ALS by {a.margin} on every figure")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Non-neural baselines as `ncf train DATA_DIR --model pop | itemknn | ease | als`.
+
+`python -m ncfcli.cli train DATA_DIR --model ease --out runs/ease` fits one and writes a normal
+run directory (config.json, best.pt, checkpoints/last.pt, metrics.jsonl), so `ncf eval`
+(sampled and full ranking) and `ncf recommend` score it with the same code as an NCF run. The
+fitted state is plain tensors (popularity counts, ALS factors, item-item weights, the users'
+training items), so the checkpoint loads with `torch.load(weights_only=True)`.
+
+- pop: an item's score is its number of training positives (the same for every user).
+- itemknn: cosine similarity between item columns of the user x item matrix, shrunk towards 0
+  by `--knn-shrink` (sim = co-count / (|i| |j| + shrink), |i| the column norm), keeping each
+  item's `--knn-neighbours` most similar items; a user's score for item i sums the similarities
+  of i to the user's training items (Sarwar et al., 2001).
+- ease: the closed-form linear item-item model of Steck (2019): B = I - P diagMat(1 / diag P),
+  P = (X^T X + lambda I)^-1, diagonal of B zero; score = x_u B. Dense in items: refused above
+  EASE_MAX_ITEMS.
+- als: implicit-feedback ALS (Hu, Koren and Volinsky, 2008) from the `implicit` library
+  (`pip install 'ncfcli[baselines]'`): confidence 1 + alpha, `--factors`, `--als-reg`,
+  `--als-iterations`; score = user factors . item factors.
+
+Scores are not probabilities; the metrics and `recommend` only rank them. Defaults (DEFAULTS)
+were chosen on a validation split of MovieLens-100K (docs/training-defaults.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ncfcli.errors import NcfError
+
+KINDS = ("pop", "itemknn", "ease", "als")
+EASE_MAX_ITEMS = 40_000  # a dense float64 item x item inverse: 12.8 GB at this size
+# Chosen on the validation split of ml-100k (docs/training-defaults.md, "Baselines").
+DEFAULTS: dict[str, Any] = {
+    "factors": 256, "als_reg": 30.0, "als_alpha": 5.0, "als_iterations": 15,
+    "ease_lambda": 500.0, "knn_neighbours": 100, "knn_shrink": 10.0,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """What a baseline checkpoint's model_config holds; `kind` says which model it is."""
+
+    kind: str
+    n_users: int
+    n_items: int
+    factors: int = 0  # als only
+    als_reg: float = 0.0
+    als_alpha: float = 0.0
+    als_iterations: int = 0
+    ease_lambda: float = 0.0
+    knn_neighbours: int = 0
+    knn_shrink: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BaselineConfig:
+        return cls(**d)
+
+
+def _history(offsets: torch.Tensor, items: torch.Tensor, users: torch.Tensor, n_items: int) -> torch.Tensor:
+    """users [U] -> float32 [U, n_items], 1 where the user has a training positive."""
+    first = offsets[users]
+    counts = offsets[users + 1] - first
+    total = int(counts.sum())
+    out = torch.zeros(users.shape[0], n_items, device=users.device)
+    if total:
+        rows = torch.repeat_interleave(torch.arange(users.shape[0], device=users.device), counts)
+        starts = torch.cumsum(counts, 0) - counts
+        within = torch.arange(total, device=users.device) - torch.repeat_interleave(starts, counts)
+        out[rows, items[torch.repeat_interleave(first, counts) + within]] = 1.0
+    return out
+
+
+class Baseline(nn.Module):
+    """forward(users [B], items [B]) -> scores [B] float32; score_all(users [U]) -> [U, n_items].
+
+    All state is buffers, named as in the checkpoint's "model" dict.
+    """
+
+    def __init__(self, cfg: BaselineConfig, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.cfg = cfg
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+        self._sim_t: torch.Tensor | None = None
+
+    def _buf(self, name: str) -> torch.Tensor:
+        t = getattr(self, name)
+        assert isinstance(t, torch.Tensor)
+        return t
+
+    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+        users = users.long()
+        kind = self.cfg.kind
+        if kind == "pop":
+            return self._buf("counts")[None, :].expand(users.shape[0], -1).clone()
+        if kind == "als":
+            return self._buf("user_factors")[users] @ self._buf("item_factors").t()
+        x = _history(self._buf("offsets"), self._buf("items"), users, self.cfg.n_items)
+        if kind == "ease":
+            return x @ self._buf("weights")
+        # itemknn: x @ S with S sparse (source item -> its neighbours' targets)
+        if self._sim_t is None or self._sim_t.device != x.device:
+            idx, w = self._buf("nbr_index"), self._buf("nbr_weight")
+            targets = torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
+            self._sim_t = torch.sparse_coo_tensor(
+                torch.stack([targets, idx.reshape(-1)]), w.reshape(-1), (idx.shape[0],) * 2,
+                check_invariants=False,
+            ).coalesce()
+        return torch.sparse.mm(self._sim_t, x.t()).t()
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        users, items = users.long(), items.long()
+        kind = self.cfg.kind
+        if kind == "pop":
+            return self._buf("counts")[items]
+        if kind == "als":
+            return (self._buf("user_factors")[users] * self._buf("item_factors")[items]).sum(-1)
+        # Item-item models need the user's whole row: score each distinct user once.
+        uniq, inverse = torch.unique(users, return_inverse=True)
+        return self.score_all(uniq)[inverse, items]
+
+
+def from_state(model_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Baseline:
+    """Rebuild a fitted baseline from a checkpoint's model_config and model dicts."""
+    return Baseline(BaselineConfig.from_dict(model_config), dict(tensors))
+
+
+def _csr(data: Any, backend: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets int64 [n_users + 1], items int64 [n_train]) of the training positives, on the device."""
+    offsets = backend.to_torch(data.user_offsets(backend.xp)).long()
+    items = backend.to_torch(data.train_items).long()
+    return offsets, items
+
+
+def _item_cosine_topk(
+    offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, k: int, shrink: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each target item, its k most similar other items: (index int64 [n_items, k], weight)."""
+    device = items.device
+    users = torch.repeat_interleave(torch.arange(n_users, device=device), offsets.diff())
+    xt = torch.sparse_coo_tensor(
+        torch.stack([items, users]), torch.ones(items.shape[0], device=device), (n_items, n_users),
+        check_invariants=False,
+    ).coalesce()
+    norm = torch.bincount(items, minlength=n_items).float().sqrt()
+    k = min(k, n_items - 1)
+    index = torch.zeros(n_items, k, dtype=torch.int64, device=device)
+    weight = torch.zeros(n_items, k, device=device)
+    if k < 1:
+        return index, weight
+    # Blocks of target columns keep the dense co-count slab near 2^25 floats.
+    block = max(1, (1 << 25) // max(n_items, n_users))
+    for b0 in range(0, n_items, block):
+        b1 = min(b0 + block, n_items)
+        cols = torch.zeros(n_users, b1 - b0, device=device)
+        sel = (items >= b0) & (items < b1)
+        cols[users[sel], items[sel] - b0] = 1.0
+        co = torch.sparse.mm(xt, cols)  # [n_items, b1 - b0]
+        sim = co / (norm[:, None] * norm[None, b0:b1] + shrink + 1e-12)
+        sim[torch.arange(b0, b1, device=device), torch.arange(b1 - b0, device=device)] = 0.0
+        top = torch.topk(sim, k, dim=0)
+        index[b0:b1] = top.indices.t()
+        weight[b0:b1] = top.values.t()
+    return index, weight
+
+
+def _ease(offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, lam: float) -> torch.Tensor:
+    if n_items > EASE_MAX_ITEMS:
+        gb = n_items * n_items * 8 / 1e9
+        raise NcfError(
+            f"--model ease inverts a dense {n_items} x {n_items} matrix ({gb:.0f} GB in float64); "
+            f"it is limited to {EASE_MAX_ITEMS} items: use --model itemknn or als"
+        )
+    device = items.device
+    users = torch.repeat_interleave(torch.arange(n_users, device=device), offsets.diff())
+    x = torch.zeros(n_users, n_items, dtype=torch.float64, device=device)
+    x[users, items] = 1.0
+    gram = x.t() @ x
+    del x
+    gram.diagonal().add_(lam)
+    p = torch.linalg.inv(gram)
+    b = p / (-p.diagonal())[None, :]
+    b.diagonal().zero_()
+    return b.float()
+
+
+def _als(
+    offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, cfg: BaselineConfig, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        import numpy as np
+        from implicit.cpu.als import AlternatingLeastSquares
+        from scipy.sparse import csr_matrix
+        from threadpoolctl import threadpool_limits
+    except ImportError as e:
+        raise NcfError(
+            f"--model als needs the implicit library ({e.name} is missing): "
+            "pip install 'ncfcli[baselines]'"
+        ) from None
+    indptr = offsets.cpu().numpy()
+    indices = items.cpu().numpy().astype(np.int32)
+    matrix = csr_matrix(
+        (np.ones(indices.shape[0], dtype=np.float32), indices, indptr), shape=(n_users, n_items)
+    )
+    # implicit solves many small systems on its own threads: BLAS's thread pool inside them
+    # fights torch's OpenMP pool (25x slower measured on ml-100k), so BLAS gets one thread.
+    with threadpool_limits(1, "blas"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # implicit's BLAS advice, followed on the line above
+        model = AlternatingLeastSquares(
+            factors=cfg.factors, regularization=cfg.als_reg, alpha=cfg.als_alpha,
+            iterations=cfg.als_iterations, random_state=seed,
+        )  # fmt: skip
+        model.fit(matrix, show_progress=False)
+    device = items.device
+    return (
+        torch.from_numpy(np.ascontiguousarray(model.user_factors)).float().to(device),
+        torch.from_numpy(np.ascontiguousarray(model.item_factors)).float().to(device),
+    )
+
+
+def fit(cfg: BaselineConfig, data: Any, backend: Any, seed: int = 0) -> tuple[Baseline, float]:
+    """Fit the baseline `cfg.kind` on `data`'s training positives; (model, seconds)."""
+    t0 = time.perf_counter()
+    offsets, items = _csr(data, backend)
+    n_users, n_items = cfg.n_users, cfg.n_items
+    tensors: dict[str, torch.Tensor]
+    if cfg.kind == "pop":
+        tensors = {"counts": torch.bincount(items, minlength=n_items).float()}
+    elif cfg.kind == "itemknn":
+        index, weight = _item_cosine_topk(offsets, items, n_users, n_items, cfg.knn_neighbours,
+                                          cfg.knn_shrink)  # fmt: skip
+        tensors = {"offsets": offsets, "items": items, "nbr_index": index, "nbr_weight": weight}
+    elif cfg.kind == "ease":
+        weights = _ease(offsets, items, n_users, n_items, cfg.ease_lambda)
+        tensors = {"offsets": offsets, "items": items, "weights": weights}
+    elif cfg.kind == "als":
+        user_f, item_f = _als(offsets, items, n_users, n_items, cfg, seed)
+        tensors = {"user_factors": user_f, "item_factors": item_f}
+    else:
+        raise NcfError(f"--model {cfg.kind!r} is not a baseline ({', '.join(KINDS)})", 2)
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise NcfError(f"--model {cfg.kind}: the fit produced non-finite {name}; "
+                           "raise the regularisation")  # fmt: skip
+    model = Baseline(cfg, tensors)
+    model.eval()
+    backend.synchronize()
+    return model, time.perf_counter() - t0
+
+
+def check_options(values: dict[str, Any]) -> None:
+    """Validate the baseline flags (None = not given); messages name the flag."""
+    rules = [
+        ("--als-reg", "als_reg", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
+        ("--als-alpha", "als_alpha", lambda v: v > 0 and math.isfinite(v), "> 0"),
+        ("--als-iterations", "als_iterations", lambda v: v >= 1, ">= 1"),
+        ("--ease-lambda", "ease_lambda", lambda v: v > 0 and math.isfinite(v), "> 0"),
+        ("--knn-neighbours", "knn_neighbours", lambda v: v >= 1, ">= 1"),
+        ("--knn-shrink", "knn_shrink", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
+    ]
+    for flag, key, ok, rule in rules:
+        v = values.get(key)
+        if v is not None and not ok(v):
+            raise NcfError(f"{flag} must be {rule}, got {v!r}", exit_code=2)
