@@ -32,7 +32,9 @@ def _raw_times(raw: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         import zipfile
 
         with zipfile.ZipFile(raw) as z:
-            name = next(n for n in z.namelist() if n.endswith(("u.data", "ratings.dat", "ratings.csv")))
+            name = next(
+                n for n in z.namelist() if n.endswith(("u.data", "ratings.dat", "ratings.csv"))
+            )
             src, raw = io.BytesIO(z.read(name)), name
     sep = "\t" if raw.endswith(".data") else ("::" if raw.endswith(".dat") else ",")
     header = None if sep != "," else 0

@@ -83,7 +83,9 @@ def prepare(name: str, work: Path) -> tuple[Path, Path]:
     return test_dir, val_dir
 
 
-def tune_als(val_dir: Path, work: Path, grid: list[tuple[int, float, float, int]]) -> tuple[Any, Path]:
+def tune_als(
+    val_dir: Path, work: Path, grid: list[tuple[int, float, float, int]]
+) -> tuple[Any, Path]:
     best: tuple[float, Any, Path] | None = None
     for f, reg, alpha, it in grid:
         run = work / f"als-{val_dir.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"

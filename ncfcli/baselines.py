@@ -67,7 +67,9 @@ class BaselineConfig:
         return cls(**d)
 
 
-def _history(offsets: torch.Tensor, items: torch.Tensor, users: torch.Tensor, n_items: int) -> torch.Tensor:
+def _history(
+    offsets: torch.Tensor, items: torch.Tensor, users: torch.Tensor, n_items: int
+) -> torch.Tensor:
     """users [U] -> float32 [U, n_items], 1 where the user has a training positive."""
     first = offsets[users]
     counts = offsets[users + 1] - first
@@ -114,7 +116,9 @@ class Baseline(nn.Module):
             idx, w = self._buf("nbr_index"), self._buf("nbr_weight")
             targets = torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
             self._sim_t = torch.sparse_coo_tensor(
-                torch.stack([targets, idx.reshape(-1)]), w.reshape(-1), (idx.shape[0],) * 2,
+                torch.stack([targets, idx.reshape(-1)]),
+                w.reshape(-1),
+                (idx.shape[0],) * 2,
                 check_invariants=False,
             ).coalesce()
         return torch.sparse.mm(self._sim_t, x.t()).t()
@@ -150,7 +154,9 @@ def _item_cosine_topk(
     device = items.device
     users = torch.repeat_interleave(torch.arange(n_users, device=device), offsets.diff())
     xt = torch.sparse_coo_tensor(
-        torch.stack([items, users]), torch.ones(items.shape[0], device=device), (n_items, n_users),
+        torch.stack([items, users]),
+        torch.ones(items.shape[0], device=device),
+        (n_items, n_users),
         check_invariants=False,
     ).coalesce()
     norm = torch.bincount(items, minlength=n_items).float().sqrt()
@@ -175,7 +181,9 @@ def _item_cosine_topk(
     return index, weight
 
 
-def _ease(offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, lam: float) -> torch.Tensor:
+def _ease(
+    offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, lam: float
+) -> torch.Tensor:
     if n_items > EASE_MAX_ITEMS:
         gb = n_items * n_items * 8 / 1e9
         raise NcfError(
@@ -196,7 +204,12 @@ def _ease(offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int
 
 
 def _als(
-    offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, cfg: BaselineConfig, seed: int
+    offsets: torch.Tensor,
+    items: torch.Tensor,
+    n_users: int,
+    n_items: int,
+    cfg: BaselineConfig,
+    seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         import numpy as np

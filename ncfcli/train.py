@@ -920,7 +920,11 @@ def _train(
 
 
 def _fit_baseline(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path,
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    run_dir: Path,
     t_start: float,
 ) -> TrainResult:
     """`--model pop|itemknn|ease|als`: fit once, evaluate like an NCF epoch, write a normal run."""
@@ -943,7 +947,7 @@ def _fit_baseline(
     eval_set = (torch.arange(data.n_users, device=device, dtype=torch.int32),
                 backend.to_torch(data.test_items), backend.to_torch(data.test_negatives))  # fmt: skip
     metrics = _evaluate(model, eval_set, env, cfg.eval_batch, contextlib.nullcontext)
-    record = {"epoch": 1, "loss": float("nan"), **metrics, "train_seconds": fit_seconds,
+    record = {"epoch": 1, "loss": None, **metrics, "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
     best = {"epoch": 1, "hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]}
     dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
