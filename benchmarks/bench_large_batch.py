@@ -1,0 +1,89 @@
+"""Large global batches against the default batch, same epochs: `python benchmarks/bench_large_batch.py`.
+
+On MovieLens-100K with the validation split of bench_accuracy.py, trains `ncf train VAL_DIR`
+with no flag but the batch (the learning-rate rule of ncfcli.train.batch_lr picks lr and
+warm-up) at the default batch (2^14), 2^16 and 2^17 global (about 14 and 7 steps an epoch), and
+with `--nproc N --scaling weak --batch-size 16384` (gloo CPU workers; global 2^14 x N). Each
+run's validation-chosen epoch is scored on the test split. Prints test HR@10 / NDCG@10
+(sampled and full ranking) as median/min/max over the seeds, and exits 1 when a configuration's
+median HR@10 (sampled) is more than --tolerance (0.01) below the default batch's.
+
+    python benchmarks/bench_large_batch.py --seeds 0 1 2 --nproc 4 8
+    python benchmarks/bench_large_batch.py --extra "--lr 0.004"   # the lr as given, no rule
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_accuracy import ncf, prepare, test_metrics  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--batches", type=int, nargs="*", default=[1 << 16, 1 << 17])
+    p.add_argument("--nproc", type=int, nargs="*", default=[4], help="weak-scaling worker counts")
+    p.add_argument("--extra", default="", help="flags added to every large-batch run")
+    p.add_argument("--tolerance", type=float, default=0.01)
+    p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
+    a = p.parse_args()
+    print(f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
+    configs: list[tuple[str, list[str]]] = [("default batch 2^14", [])]
+    configs += [(f"--batch-size {b}", ["--batch-size", str(b)]) for b in a.batches]
+    configs += [
+        (f"--nproc {n} --scaling weak --batch-size 16384",
+         ["--nproc", str(n), "--scaling", "weak", "--batch-size", "16384"])
+        for n in a.nproc
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="ncf-lb-") as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        test_dir, val_dir = work / "ml-100k", work / "ml-100k-val"
+        if not (val_dir / "meta.json").exists():
+            test_dir, val_dir = prepare("ml-100k", work)
+        results: dict[str, list[dict[str, float]]] = {}
+        for name, flags in configs:
+            extra = shlex.split(a.extra) if flags else []
+            for seed in a.seeds:
+                run = work / f"lb-{seed}-{time.time_ns()}"
+                t0 = time.perf_counter()
+                res = ncf(
+                    "train", str(val_dir), "--seed", str(seed), "--out", str(run), *flags, *extra
+                )
+                row = test_metrics(run, test_dir)
+                results.setdefault(name, []).append(row)
+                print(f"{name} {' '.join(extra)} seed {seed}: epoch {res['best_epoch']}/"
+                      f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; test "
+                      + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
+        base = statistics.median(r["sampled hr@10"] for r in results[configs[0][0]])
+        missed = False
+        print(f"\ntest, median (min, max) over seeds {a.seeds}")
+        for name, rows in results.items():
+            cells = []
+            for k in rows[0]:
+                vals = [r[k] for r in rows]
+                cells.append(
+                    f"{k} {statistics.median(vals):.4f} ({min(vals):.4f}, {max(vals):.4f})"
+                )
+            gap = statistics.median(r["sampled hr@10"] for r in rows) - base
+            ok = gap >= -a.tolerance
+            missed |= not ok
+            print(
+                f"{name:45s} {'  '.join(cells)}  HR@10 vs default {gap:+.4f} {'ok' if ok else 'MISSED'}"
+            )
+    if missed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
