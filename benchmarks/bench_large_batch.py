@@ -36,9 +36,10 @@ def main() -> None:
     p.add_argument("--extra", default="", help="flags added to every large-batch run")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
+    p.add_argument("--no-default", action="store_true", help="skip the default-batch runs")
     a = p.parse_args()
     print(f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
-    configs: list[tuple[str, list[str]]] = [("default batch 2^14", [])]
+    configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch 2^14", [])]
     configs += [(f"--batch-size {b}", ["--batch-size", str(b)]) for b in a.batches]
     configs += [
         (f"--nproc {n} --scaling weak --batch-size 16384",
@@ -60,12 +61,15 @@ def main() -> None:
                 res = ncf(
                     "train", str(val_dir), "--seed", str(seed), "--out", str(run), *flags, *extra
                 )
+                val = test_metrics(run, val_dir)
                 row = test_metrics(run, test_dir)
                 results.setdefault(name, []).append(row)
                 print(f"{name} {' '.join(extra)} seed {seed}: epoch {res['best_epoch']}/"
-                      f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; test "
-                      + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
-        base = statistics.median(r["sampled hr@10"] for r in results[configs[0][0]])
+                      f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; "
+                      "validation " + " ".join(f"{k} {x:.4f}" for k, x in val.items())
+                      + "; test " + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
+        first = results[configs[0][0]]
+        base = statistics.median(r["sampled hr@10"] for r in first)
         missed = False
         print(f"\ntest, median (min, max) over seeds {a.seeds}")
         for name, rows in results.items():

@@ -40,7 +40,7 @@ EASE_MAX_ITEMS = 40_000  # a dense float64 item x item inverse: 12.8 GB at this 
 # Chosen on the validation split of ml-100k (docs/training-defaults.md, "Baselines").
 DEFAULTS: dict[str, Any] = {
     "factors": 256, "als_reg": 30.0, "als_alpha": 5.0, "als_iterations": 15,
-    "ease_lambda": 500.0, "knn_neighbours": 100, "knn_shrink": 10.0,
+    "ease_lambda": 250.0, "knn_neighbours": 50, "knn_shrink": 0.0,
 }  # fmt: skip
 
 

@@ -458,11 +458,11 @@ def train(
     als_reg: float | None = _opt("als: regularisation (default: 30).", "--als-reg"),
     als_alpha: float | None = _opt("als: confidence weight alpha (default: 5).", "--als-alpha"),
     als_iterations: int | None = _opt("als: iterations (default: 15).", "--als-iterations"),
-    ease_lambda: float | None = _opt("ease: L2 regularisation (default: 500).", "--ease-lambda"),
+    ease_lambda: float | None = _opt("ease: L2 regularisation (default: 250).", "--ease-lambda"),
     knn_neighbours: int | None = _opt(
-        "itemknn: neighbours kept per item (default: 100).", "--knn-neighbours"
+        "itemknn: neighbours kept per item (default: 50).", "--knn-neighbours"
     ),
-    knn_shrink: float | None = _opt("itemknn: similarity shrinkage (default: 10).", "--knn-shrink"),
+    knn_shrink: float | None = _opt("itemknn: similarity shrinkage (default: 0).", "--knn-shrink"),
     eval_batch: int | None = _opt(
         "Most (user, item) rows scored at once in evaluation (default: 2^20).", "--eval-batch"
     ),
