@@ -418,7 +418,7 @@ def train(
     eps: float | None = _opt("Adam epsilon.", "--eps"),
     l2: float | None = _opt("L2 penalty on the batch's embedding rows (default: 0).", "--l2"),
     model: str | None = _opt(
-        "neumf | gmf | mlp | mf (default: neumf), or a baseline: pop | itemknn | ease | als.",
+        "neumf | gmf | mlp | mf (default: by dataset size), or a baseline: pop | itemknn | ease | als.",
         "--model",
     ),
     factors: int | None = _opt("GMF/MF embedding width.", "--factors", "-f"),
