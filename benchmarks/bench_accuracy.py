@@ -1,17 +1,16 @@
 """NCF's defaults against ALS tuned on validation, on the same split: `python benchmarks/bench_accuracy.py`.
 
 For each dataset (real MovieLens-100K, and a sparse synthetic one with about 10 items per
-user), the script prepares the data, carves a validation split out of the training set
-(benchmarks/_validation.py: each user's latest training item), then:
+user), `ncf prepare` holds out each user's latest item (test) and second-latest (validation),
+each with 100 sampled negatives. Then:
 
-- ALS (`ncf train --model als`): every point of a small grid is fitted on the validation
-  split's training set and scored on validation; the best (sampled HR@10 + full-ranking HR@10)
-  is scored on the test split;
-- NCF: `ncf train VAL_DIR` with no tuning flag (the defaults under test, or `--ncf-args`),
-  once per seed; the epoch best on validation (best.pt) is scored on the test split.
+- ALS (`ncf train --model als`): every point of a small grid is fitted and scored on
+  validation; the best (sampled HR@10 + full-ranking HR@10) is scored on test;
+- NCF: `ncf train DATA` with no tuning flag (the defaults under test, or `--ncf-args`), once
+  per seed; the epoch best on validation (best.pt) is scored on test.
 
-Test figures are sampled (the prepared 100 negatives) and full ranking, via `ncf eval --data`.
-Both models train on exactly the same positives. It prints median/min/max over seeds, and exits
+Test figures are sampled (the prepared 100 negatives) and full ranking, via `ncf eval`. Both
+models train on exactly the same positives. It prints median/min/max over seeds, and exits
 1 when NCF's median misses ALS by less than --margin (0.02) on any of HR@10 / NDCG@10, sampled
 or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user runs it).
 
@@ -33,16 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from _validation import _raw_times, make_validation  # noqa: E402
-
 # The real MovieLens-100K: $ML100K (a u.data path), else `ncf prepare ml-100k` (cache/download).
 ML100K = os.environ.get("ML100K", "ml-100k")
-# Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average,
-# median ~8; users below 3 are dropped so each keeps a training, a validation and a test item).
-SPARSE = ["synthetic", "--users", "10000", "--items", "3000", "--interactions", "110000",
-          "--min-interactions", "3"]  # fmt: skip
+# Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average;
+# users with 2 have no validation item and are scored on test only).
+SPARSE = ["synthetic", "--users", "10000", "--items", "3000", "--interactions", "110000"]
 ALS_GRID = [  # factors, reg, alpha, iterations
     (f, reg, alpha, 15) for f in (64, 256) for reg in (3.0, 30.0) for alpha in (1.0, 5.0, 20.0)
 ]
@@ -57,41 +51,29 @@ def ncf(*args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_metrics(run: Path, data: Path) -> dict[str, float]:
+def held_out_metrics(run: Path, split: str = "test") -> dict[str, float]:
     out = {}
     for proto, extra in (("sampled", []), ("full", ["--full-ranking"])):
-        m = ncf("eval", str(run), "--data", str(data), "--k", "10", *extra)["metrics"]
+        m = ncf("eval", str(run), "--split", split, "--k", "10", *extra)["metrics"]
         out.update({f"{proto} {k}": m[k] for k in METRICS})
     return out
 
 
-def prepare(name: str, work: Path) -> tuple[Path, Path]:
-    test_dir, val_dir = work / name, work / f"{name}-val"
-    if name == "ml-100k":
-        ncf("prepare", ML100K, "--out", str(test_dir))
-        source = json.loads((test_dir / "meta.json").read_text())["source"]["path"]
-        times = _raw_times(source)
-    else:
-        import numpy as np
-
-        from ncfcli.data.synthetic import generate, resolve_shape
-
-        ncf("prepare", *SPARSE, "--out", str(test_dir))
-        raw = generate(resolve_shape(None, 10000, 3000, 110000), seed=0, with_rating=False)
-        times = (raw["user"], raw["item"], raw["timestamp"].astype(np.int64))
-    make_validation(test_dir, val_dir, times)
-    return test_dir, val_dir
+def prepare(name: str, work: Path) -> Path:
+    """The prepared dataset (with its validation split), made once per --work directory."""
+    out = work / f"{name}-v2"
+    if not (out / "meta.json").exists():
+        ncf("prepare", *(SPARSE if name == "sparse" else [ML100K]), "--out", str(out))
+    return out
 
 
-def tune_als(
-    val_dir: Path, work: Path, grid: list[tuple[int, float, float, int]]
-) -> tuple[Any, Path]:
+def tune_als(data: Path, work: Path, grid: list[tuple[int, float, float, int]]) -> tuple[Any, Path]:
     best: tuple[float, Any, Path] | None = None
     for f, reg, alpha, it in grid:
-        run = work / f"als-{val_dir.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
-        ncf("train", str(val_dir), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
+        run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
+        ncf("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
-        v = test_metrics(run, val_dir)
+        v = held_out_metrics(run, "validation")
         score = v["sampled hr@10"] + v["full hr@10"]
         print(f"  als f={f} reg={reg} alpha={alpha} it={it}: validation "
               + " ".join(f"{k} {x:.4f}" for k, x in v.items()), flush=True)  # fmt: skip
@@ -122,27 +104,25 @@ def main() -> None:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for name in a.datasets:
-            test_dir, val_dir = work / name, work / f"{name}-val"
-            if not (val_dir / "meta.json").exists():
-                test_dir, val_dir = prepare(name, work)
+            data = prepare(name, work)
             print(f"== {name}", flush=True)
             als = None
             if not a.no_als:
                 grid = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
                 grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in grid]
-                params, run = tune_als(val_dir, work, grid)
-                als = test_metrics(run, test_dir)
+                params, run = tune_als(data, work, grid)
+                als = held_out_metrics(run)
                 print(f"ALS {params} (chosen on validation), test: "
                       + " ".join(f"{k} {x:.4f}" for k, x in als.items()), flush=True)  # fmt: skip
             rows = []
             for seed in a.seeds:
                 run = work / f"ncf-{name}-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
-                res = ncf("train", str(val_dir), "--seed", str(seed), "--out", str(run),
+                res = ncf("train", str(data), "--seed", str(seed), "--out", str(run),
                           *shlex.split(a.ncf_args))  # fmt: skip
                 wall = time.perf_counter() - t0
-                val = test_metrics(run, val_dir)
-                row = test_metrics(run, test_dir)
+                val = held_out_metrics(run, "validation")
+                row = held_out_metrics(run)
                 rows.append(row)
                 print(f"NCF seed {seed}: validation-chosen epoch {res['best_epoch']}/"
                       f"{res['epochs']}, {wall:.0f} s, validation "

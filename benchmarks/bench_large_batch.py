@@ -1,6 +1,6 @@
 """Large global batches against the default batch, same epochs: `python benchmarks/bench_large_batch.py`.
 
-On MovieLens-100K with the validation split of bench_accuracy.py, trains `ncf train VAL_DIR`
+On MovieLens-100K as `ncf prepare` splits it (validation and test), trains `ncf train DATA`
 with no flag but the batch (the learning-rate rule of ncfcli.train.batch_lr picks lr and
 warm-up) at the default batch (2^14), 2^16 and 2^17 global (about 14 and 7 steps an epoch), and
 with `--nproc N --scaling weak --batch-size 16384` (gloo CPU workers; global 2^14 x N). Each
@@ -25,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_accuracy import ncf, prepare, test_metrics  # noqa: E402
+from bench_accuracy import held_out_metrics, ncf, prepare  # noqa: E402
 
 
 def main() -> None:
@@ -49,9 +49,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ncf-lb-") as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        test_dir, val_dir = work / "ml-100k", work / "ml-100k-val"
-        if not (val_dir / "meta.json").exists():
-            test_dir, val_dir = prepare("ml-100k", work)
+        data = prepare("ml-100k", work)
         results: dict[str, list[dict[str, float]]] = {}
         for name, flags in configs:
             extra = shlex.split(a.extra) if flags else []
@@ -59,10 +57,10 @@ def main() -> None:
                 run = work / f"lb-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
                 res = ncf(
-                    "train", str(val_dir), "--seed", str(seed), "--out", str(run), *flags, *extra
+                    "train", str(data), "--seed", str(seed), "--out", str(run), *flags, *extra
                 )
-                val = test_metrics(run, val_dir)
-                row = test_metrics(run, test_dir)
+                val = held_out_metrics(run, "validation")
+                row = held_out_metrics(run)
                 results.setdefault(name, []).append(row)
                 print(f"{name} {' '.join(extra)} seed {seed}: epoch {res['best_epoch']}/"
                       f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; "

@@ -972,13 +972,15 @@ def _fit_baseline(
     cfg = replace(cfg, seed=seed, **{k: opts[k] for k in keep})
     bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep})
     model, fit_seconds = baselines.fit(bcfg, data, backend, seed)
-    device = torch.device(backend.torch_device)
-    eval_set = (torch.arange(data.n_users, device=device, dtype=torch.int32),
-                backend.to_torch(data.test_items), backend.to_torch(data.test_negatives))  # fmt: skip
-    metrics = _evaluate(model, eval_set, env, cfg.eval_batch, contextlib.nullcontext)
-    record = {"epoch": 1, "loss": None, **metrics, "train_seconds": fit_seconds,
+    select = "validation" if data.has_validation else "test"
+    scores = {}
+    for split in ("validation", "test") if data.has_validation else ("test",):
+        held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
+        scores[split] = _evaluate(model, held, env, cfg.eval_batch, contextlib.nullcontext)
+    record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
+              "test": scores["test"], "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
-    best = {"epoch": 1, "hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]}
+    best = {"epoch": 1, "selected_by": select, **scores}
     dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
                     "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -994,7 +996,8 @@ def _fit_baseline(
     _write_metrics(run_dir, [record])
     return TrainResult(
         run_dir=str(run_dir), epochs=1, best_epoch=1,
-        metrics={"hr@10": metrics["hr@10"], "ndcg@10": metrics["ndcg@10"]},
+        metrics=dict(scores["test"]), validation=scores.get("validation"), selected_by=select,
+        dataset_split=data.split_method,
         samples_per_second=record["samples_per_second"], seconds=time.perf_counter() - t_start,
         trained_epochs=1, stopped_early=False, parameters=0, device=backend.describe(),
         world_size=1,
