@@ -21,19 +21,16 @@ or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user ru
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-# The real MovieLens-100K: $ML100K (a u.data path), else `ncf prepare ml-100k` (cache/download).
-ML100K = os.environ.get("ML100K", "ml-100k")
+from _common import MISSED, find_ml100k, machine, ncf_json
+
 # Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average;
 # users with 2 have no validation item and are scored on test only).
 SPARSE = ["synthetic", "--users", "10000", "--items", "3000", "--interactions", "110000"]
@@ -43,27 +40,20 @@ ALS_GRID = [  # factors, reg, alpha, iterations
 METRICS = ("hr@10", "ndcg@10")
 
 
-def ncf(*args: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "ncfcli", *args, "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        sys.exit(f"failed: {shlex.join(cmd)}\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def held_out_metrics(run: Path, split: str = "test") -> dict[str, float]:
     out = {}
     for proto, extra in (("sampled", []), ("full", ["--full-ranking"])):
-        m = ncf("eval", str(run), "--split", split, "--k", "10", *extra)["metrics"]
+        m = ncf_json("eval", str(run), "--split", split, "--k", "10", *extra)["metrics"]
         out.update({f"{proto} {k}": m[k] for k in METRICS})
     return out
 
 
-def prepare(name: str, work: Path) -> Path:
+def prepare(name: str, work: Path, ml100k: str | None = None) -> Path:
     """The prepared dataset (with its validation split), made once per --work directory."""
     out = work / f"{name}-v2"
     if not (out / "meta.json").exists():
-        ncf("prepare", *(SPARSE if name == "sparse" else [ML100K]), "--out", str(out))
+        source = SPARSE if name == "sparse" else [str(find_ml100k(ml100k))]
+        ncf_json("prepare", *source, "--out", str(out))
     return out
 
 
@@ -71,7 +61,7 @@ def tune_als(data: Path, work: Path, grid: list[tuple[int, float, float, int]]) 
     best: tuple[float, Any, Path] | None = None
     for f, reg, alpha, it in grid:
         run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
-        ncf("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
+        ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
         v = held_out_metrics(run, "validation")
         score = v["sampled hr@10"] + v["full hr@10"]
@@ -97,14 +87,15 @@ def main() -> None:
     p.add_argument("--no-als", action="store_true", help="NCF only (tuning runs)")
     p.add_argument("--als", help="skip the grid: factors,reg,alpha,iterations")
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
+    p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     a = p.parse_args()
-    print(f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}, ncf args {a.ncf_args!r}")
+    print(f"{machine()}, ncf args {a.ncf_args!r}")
     missed = False
     with tempfile.TemporaryDirectory(prefix="ncf-acc-") as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
         for name in a.datasets:
-            data = prepare(name, work)
+            data = prepare(name, work, a.data)
             print(f"== {name}", flush=True)
             als = None
             if not a.no_als:
@@ -118,7 +109,7 @@ def main() -> None:
             for seed in a.seeds:
                 run = work / f"ncf-{name}-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
-                res = ncf("train", str(data), "--seed", str(seed), "--out", str(run),
+                res = ncf_json("train", str(data), "--seed", str(seed), "--out", str(run),
                           *shlex.split(a.ncf_args))  # fmt: skip
                 wall = time.perf_counter() - t0
                 val = held_out_metrics(run, "validation")
@@ -139,7 +130,7 @@ def main() -> None:
                 print(line, flush=True)
     if missed:
         print(f"target missed: NCF must beat ALS by {a.margin} on every figure")
-        sys.exit(1)
+        sys.exit(MISSED)
 
 
 if __name__ == "__main__":

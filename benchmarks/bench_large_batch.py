@@ -16,7 +16,6 @@ median HR@10 (sampled) is more than --tolerance (0.01) below the default batch's
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import statistics
 import sys
@@ -24,9 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from bench_accuracy import held_out_metrics, ncf, prepare  # noqa: E402
+from _common import MISSED, machine, ncf_json
+from bench_accuracy import held_out_metrics, prepare
 
 
 def main() -> None:
@@ -38,8 +36,9 @@ def main() -> None:
     p.add_argument("--tolerance", type=float, default=0.01)
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--no-default", action="store_true", help="skip the default-batch runs")
+    p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     a = p.parse_args()
-    print(f"cores {os.cpu_count()}, load {os.getloadavg()[0]:.2f}", flush=True)
+    print(machine(), flush=True)
     configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch 2^14", [])]
     configs += [(f"--batch-size {b}", ["--batch-size", str(b)]) for b in a.batches]
     configs += [
@@ -50,14 +49,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ncf-lb-") as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        data = prepare("ml-100k", work)
+        data = prepare("ml-100k", work, a.data)
         results: dict[str, list[dict[str, float]]] = {}
         for name, flags in configs:
             extra = shlex.split(a.extra) if flags else []
             for seed in a.seeds:
                 run = work / f"lb-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
-                res = ncf(
+                res = ncf_json(
                     "train", str(data), "--seed", str(seed), "--out", str(run), *flags, *extra
                 )
                 val = held_out_metrics(run, "validation")
@@ -85,7 +84,7 @@ def main() -> None:
                 f"{name:45s} {'  '.join(cells)}  HR@10 vs default {gap:+.4f} {'ok' if ok else 'MISSED'}"
             )
     if missed:
-        sys.exit(1)
+        sys.exit(MISSED)
 
 
 if __name__ == "__main__":

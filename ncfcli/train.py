@@ -962,8 +962,7 @@ def _fit_baseline(
         raise NcfError(f"--model {kind} is fitted in one go; there is nothing to --resume")
     if env.world_size > 1:
         raise NcfError(f"--model {kind} fits in one process; drop --nproc/--gpus")
-    if (run_dir / ckpt.CONFIG).exists() or (run_dir / ckpt.CKPT_DIR).exists():
-        raise NcfError(f"{run_dir} already holds a run; pick another --out")
+    replace_run = _check_run_dir(run_dir, cfg)
     given = {k: getattr(cfg, k) for k in baselines.DEFAULTS if getattr(cfg, k) is not None}
     opts = {**baselines.DEFAULTS, **given} if kind in ("als", "ease", "itemknn") else {}
     keep = {"als": ("factors", "als_reg", "als_alpha", "als_iterations"), "ease": ("ease_lambda",),
@@ -976,14 +975,19 @@ def _fit_baseline(
     scores = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
-        scores[split] = _evaluate(model, held, env, cfg.eval_batch, contextlib.nullcontext)
+        scores[split] = _evaluate(
+            model, held, env, cfg.eval_batch or 1 << 20, contextlib.nullcontext
+        )
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
               "test": scores["test"], "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
     best = {"epoch": 1, "selected_by": select, **scores}
     dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
                     "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    if replace_run:
+        remove_output(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_marker(run_dir, "run", RUN_ENTRIES)
     config = {"model": bcfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
               "world_size": 1, "device": backend.describe(),
               "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
@@ -991,7 +995,7 @@ def _fit_baseline(
     state = {"model_config": bcfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
              "epoch": 1, "step": 0, "world_size": 1, "model": model.state_dict(),
              "history": [record], "best": best}  # fmt: skip
-    _write_checkpoint(run_dir, state, 1, cfg.keep_checkpoints)
+    _write_checkpoint(run_dir, state, 1, cfg.keep_checkpoints or 3)
     ckpt.save_checkpoint(run_dir / ckpt.BEST, state)
     _write_metrics(run_dir, [record])
     return TrainResult(
