@@ -40,7 +40,7 @@ Scaling across ranks (`--scaling`):
 - weak: `--batch-size` is each rank's batch, so the global batch is batch_size * world_size.
 
 Either way, when `--lr` is not given and the global batch is k > 1 times the size tier's tuned
-batch, the lr is the tier's lr x min(k, LR_SCALE_CAP) (`batch_lr`; runs in
+batch, the lr is the tier's lr x min(k^0.75, LR_SCALE_CAP) (`batch_lr`; runs in
 docs/training-defaults.md); `--warmup-epochs N` ramps it up linearly from 0 over N epochs.
 A `--lr` given is used as given (with no warm-up unless `--warmup-epochs` asks for one).
 
@@ -105,7 +105,8 @@ LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN 
 # second thread to pay for being woken (OMP_WAIT_POLICY=PASSIVE) at every op; measured 1.3 vs
 # 2.1 ms per step at RecBole's NeuMF and batch 2048 on 2 cores. OMP_NUM_THREADS overrides.
 CPU_ONE_THREAD_BELOW = 8192
-# The large-batch rule (batch_lr): lr x min(global batch / tuned batch, cap), warm-up epochs.
+# The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch.
+LR_SCALE_POWER = 0.75
 LR_SCALE_CAP = 8.0
 LR_WARMUP_EPOCHS = 0  # a warm-up epoch cost 0.007-0.016 validation HR@10 at 2^16-2^17 on ml-100k
 ARCH_FIELDS = ("model", "factors", "layers", "dropout")
@@ -333,18 +334,20 @@ def resolve(
 def batch_lr(lr_ref: float, global_batch: int, ref_batch: int) -> tuple[float, int]:
     """(lr, warm-up epochs) for `global_batch`, from the lr tuned at `ref_batch`.
 
-    With the epochs fixed, a batch k times the reference takes k times fewer steps. Adam's step
-    size does not grow with the batch, so the lr grows linearly with k (the square-root rule of
-    Malladi et al., 2022 keeps the noise scale, not the distance travelled in an epoch, and
-    under-trained here: HR@10 0.617 against 0.709 at 4x), up to LR_SCALE_CAP (16x peaked at
-    epoch 5 and lost 0.02). A linear warm-up from 0 over LR_WARMUP_EPOCHS (Goyal et al., 2017)
-    is available; with 7 to 26 steps an epoch it cost more than it saved, so it is 0. Smaller
-    batches keep the reference lr. A --lr given by the user bypasses this.
+    With the epochs fixed, a batch k times the reference takes k times fewer steps of about
+    the same size (Adam's steps do not grow with the batch), so the lr must grow with k: the
+    square-root rule (Malladi et al., 2022) under-trained (HR@10 0.617 against 0.709 at 4x,
+    issue 10). On ml-100k's validation split, NeuMF at 8 negatives did best with lr x k, the
+    default MF at 16 negatives with lr x k^0.75 (linear peaked too early at 2^17), hence
+    LR_SCALE_POWER, up to LR_SCALE_CAP (x16 lost 0.02). A linear warm-up from 0 over
+    LR_WARMUP_EPOCHS (Goyal et al., 2017) is available; with 7 to 26 steps an epoch it cost
+    more than it saved, so it is 0. Smaller batches keep the reference lr. A --lr given by
+    the user bypasses this.
     """
     k = global_batch / ref_batch
     if k <= 1:
         return lr_ref, 0
-    return lr_ref * min(k, LR_SCALE_CAP), LR_WARMUP_EPOCHS
+    return lr_ref * min(k**LR_SCALE_POWER, LR_SCALE_CAP), LR_WARMUP_EPOCHS
 
 
 def tunables(cfg: TrainConfig) -> dict[str, Any]:

@@ -9,7 +9,14 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.train import LR_SCALE_CAP, LR_WARMUP_EPOCHS, TrainConfig, resolve, size_defaults
+from ncfcli.train import (
+    LR_SCALE_CAP,
+    LR_SCALE_POWER,
+    LR_WARMUP_EPOCHS,
+    TrainConfig,
+    resolve,
+    size_defaults,
+)
 
 SMALL_N = 10_000  # the ml-100k tier: tuned at batch 2^14
 REF = size_defaults(SMALL_N)
@@ -25,16 +32,20 @@ def test_default_batch_keeps_the_tuned_lr_and_no_warmup() -> None:
     assert resolved(batch_size=1024).lr == REF["lr"]  # smaller batches keep it too
 
 
-@pytest.mark.parametrize(("batch", "k"), [(1 << 16, 4), (1 << 17, 8), (1 << 20, LR_SCALE_CAP)])
-def test_larger_batches_scale_the_lr_linearly_up_to_the_cap(batch: int, k: float) -> None:
+@pytest.mark.parametrize(
+    ("batch", "k"),
+    [(1 << 16, 4**LR_SCALE_POWER), (1 << 17, 8**LR_SCALE_POWER), (1 << 24, LR_SCALE_CAP)],
+)
+def test_larger_batches_scale_the_lr_up_to_the_cap(batch: int, k: float) -> None:
     cfg = resolved(batch_size=batch)
     assert cfg.lr == pytest.approx(REF["lr"] * k)
+    assert 1 < k <= LR_SCALE_CAP
     assert cfg.warmup_epochs == LR_WARMUP_EPOCHS
 
 
 def test_weak_scaling_counts_the_global_batch() -> None:
     cfg = resolved(world=4, scaling="weak", batch_size=1 << 14)
-    assert cfg.lr == pytest.approx(REF["lr"] * 4)
+    assert cfg.lr == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER)
     strong = resolved(world=4, scaling="strong", batch_size=1 << 14)
     assert strong.lr == REF["lr"]
 
@@ -52,5 +63,5 @@ def test_the_run_records_the_resolved_lr(prepared_dir: Path, tmp_path: Path) -> 
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     saved = json.loads((run / "config.json").read_text())["train"]
-    assert saved["lr"] == pytest.approx(REF["lr"] * 4)
+    assert saved["lr"] == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER)
     assert saved["warmup_epochs"] == LR_WARMUP_EPOCHS
