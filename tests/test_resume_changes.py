@@ -78,7 +78,7 @@ CHANGEABLE: list[tuple[list[Any], str, Any, Any, Callable[[Path, Path], bool]]] 
     (["--beta1", 0.5], "beta1", 0.9, 0.5, differs("loss")),
     (["--beta2", 0.9], "beta2", 0.999, 0.9, differs("loss")),
     (["--eps", 1e-3], "eps", 1e-8, 1e-3, differs("loss")),
-    (["--l2", 0.01], "l2", 0.0, 0.01, differs("loss")),
+    (["--l2", 0.01], "l2", 1e-3, 0.01, differs("loss")),  # 1e-3: the small-data default
     (["--keep-checkpoints", 1], "keep_checkpoints", 3, 1,
      lambda run, ref: sorted(p.name for p in (run / "checkpoints").glob("epoch_*.pt"))
      == ["epoch_0002.pt"]),
