@@ -978,9 +978,7 @@ def _fit_baseline(
     scores = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
-        scores[split] = _evaluate(
-            model, held, env, cfg.eval_batch or 1 << 20, contextlib.nullcontext
-        )
+        scores[split] = _evaluate(model, held, env, cfg.eval_batch or 1 << 20)
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
               "test": scores["test"], "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
