@@ -1,36 +1,88 @@
 """`ncf recommend RUN_DIR --user RAW_ID -k 10`: top-K raw item ids for raw user ids.
 
+    ncf recommend RUN_DIR --all-users --out recs.parquet     # every user, one table
+
 Candidates and scores come from `metrics.masked_scores`, the function the full-ranking metric
 uses: every item the user did not interact with in training (the held-out test item stays a
 candidate: it was hidden from training, so recommending it is a hit, not a leak). Scores are
 the model's logits (sigmoid(logit) is the predicted interaction probability); ranking on logits
 avoids the ties a float32 sigmoid creates near 0 and 1. Equal scores list the lower item id
 first.
+
+Users the training data does not know are skipped and named on stderr (exit status 3), refused
+as a batch with `--strict` (exit 1), or given the most popular training items with
+`--fallback popular`. `--all-users` scores users in chunks on the device and streams each
+chunk's top-K into a Parquet (or CSV) file: user, rank, item, score, plus title when the
+prepared dataset has item titles (data/sources.py).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+
+FALLBACKS = ("popular",)
+EXIT_UNKNOWN = 3  # some users were unknown and skipped; the others got their lists
+OUT_FORMATS = (".parquet", ".csv")
 
 
 @dataclass(frozen=True)
 class RecommendConfig:
     """Options of `ncf recommend`."""
 
-    k: int = 10  # items per user (-k)
+    k: int = 10  # items per user (-k/--top-k)
     batch_rows: int | None = None  # (user, item) pairs scored at once; None = a device default
     data: Path | None = None  # prepared dataset for id maps and training items; None = the run's
+    fallback: str | None = None  # "popular": unknown users get the most popular training items
+    strict: bool = False  # refuse the whole batch when any user is unknown
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise NcfError(f"-k must be >= 1, got {self.k}")
         if self.batch_rows is not None and self.batch_rows < 1:
-            raise NcfError(f"--batch-rows must be >= 1, got {self.batch_rows}")
+            raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
+        if self.fallback is not None and self.fallback not in FALLBACKS:
+            raise NcfError(
+                f"--fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}"
+            )
+        if self.strict and self.fallback is not None:
+            raise NcfError("--strict and --fallback exclude each other")
+
+
+@dataclass
+class Recommendations:
+    """What `recommend` returns: one dict per answered user, in input order, and who was skipped.
+
+    Each result is {"user", "items": [raw ids], "scores": [logits]} plus "titles" when the
+    dataset has item titles; a popularity fallback has "fallback": "popular" and its scores are
+    the items' training-interaction counts.
+    """
+
+    results: list[dict]
+    unknown: list[str] = field(default_factory=list)  # raw ids skipped (not in the training data)
+    note: str | None = None  # the dataset is not the one the run trained on
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_UNKNOWN if self.unknown else 0
+
+
+@dataclass
+class AllUsersResult:
+    """What `recommend_all` wrote."""
+
+    out: str
+    users: int
+    rows: int
+    k: int
+    titles: bool  # a title column was written
+    seconds: float
+    note: str | None = None
 
 
 def read_users_file(path: str | Path) -> list[str]:
@@ -66,64 +118,207 @@ def _py(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
-def dense_users(raw_users: Sequence[str], user_ids: Any) -> list[int]:
-    """Map raw user ids (as typed) to dense ids; every unknown id is named in one error line."""
+def lookup_users(raw_users: Sequence[str], user_ids: Any) -> list[int | None]:
+    """Dense id of each raw user id as typed, None where the training data has no such user."""
     kind = user_ids.dtype.kind
     index = {_py(v): i for i, v in enumerate(user_ids)}
-    dense, unknown = [], []
-    for raw in raw_users:
-        i = index.get(_raw_key(raw, kind))
-        if i is None:
-            unknown.append(raw)
-        else:
-            dense.append(i)
+    return [index.get(_raw_key(raw, kind)) for raw in raw_users]
+
+
+def unknown_message(unknown: Sequence[str], user_ids: Any) -> str:
+    """'2 users 'x', 'y' are not in the training data (943 users; ids look like 1, 2, 3)'."""
+    shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+    sample = ", ".join(str(_py(v)) for v in user_ids[:3])
+    noun = "user" if len(unknown) == 1 else f"{len(unknown)} users"
+    verb = "is" if len(unknown) == 1 else "are"
+    return f"{noun} {shown} {verb} not in the training data ({len(user_ids)} users; ids look like {sample})"
+
+
+def dense_users(raw_users: Sequence[str], user_ids: Any) -> list[int]:
+    """Map raw user ids (as typed) to dense ids; every unknown id is named in one error line."""
+    found = lookup_users(raw_users, user_ids)
+    unknown = [raw for raw, i in zip(raw_users, found, strict=True) if i is None]
     if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
-        sample = ", ".join(str(_py(v)) for v in user_ids[:3])
-        noun = "user" if len(unknown) == 1 else f"{len(unknown)} users"
-        verb = "is" if len(unknown) == 1 else "are"
-        raise NcfError(
-            f"{noun} {shown} {verb} not in the training data ({len(user_ids)} users; "
-            f"ids look like {sample})"
-        )
-    return dense
+        raise NcfError(unknown_message(unknown, user_ids))
+    return [i for i in found if i is not None]
+
+
+def load_titles(data_dir: str | Path) -> Any:
+    """The dataset's item titles by dense item id (object array, None where unknown), or None."""
+    from ncfcli.data.sources import TITLES, read_title_table
+
+    path = Path(data_dir) / TITLES
+    return read_title_table(path) if path.is_file() else None
+
+
+def popular_items(data: Any, k: int, backend: Any) -> tuple[list[int], list[int]]:
+    """The k items with the most training interactions (ties: lower item id), and their counts."""
+    import numpy as np
+
+    counts = np.bincount(backend.to_numpy(data.train_items), minlength=data.n_items)
+    order = np.argsort(-counts, kind="stable")[:k]
+    return order.tolist(), counts[order].tolist()
+
+
+class _Scorer:
+    """The run's model and its dataset's training items on the device, scoring chunks of users."""
+
+    def __init__(self, run: Any, data: Any, cfg: RecommendConfig, backend: Any) -> None:
+        from ncfcli.evaluate import rows_for
+        from ncfcli.metrics import chunk_users
+
+        device = backend.torch_device
+        self.data = data
+        self.offsets = backend.to_torch(data.user_offsets(backend.xp)).to(device)
+        self.train_items = backend.to_torch(data.train_items).to(device)
+        self.model = run.model
+        self.model.eval()
+        self.device = device
+        self.k = cfg.k
+        self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows))
+
+    def top(self, dense: Sequence[int] | Any) -> tuple[Any, Any]:
+        """Dense user ids -> host (items int64 [U, k'], logits float32 [U, k']), -inf = no item."""
+        import torch
+
+        from ncfcli.metrics import masked_scores, top_items
+
+        with torch.no_grad():
+            users = torch.as_tensor(dense, dtype=torch.int64, device=self.device)
+            scores = masked_scores(
+                self.model, users, self.data.n_items, self.offsets, self.train_items
+            )
+            items_t, top_t = top_items(scores, self.k)
+            return items_t.cpu().numpy(), top_t.cpu().numpy()
 
 
 def recommend(
     run: Any, data: Any, raw_users: Sequence[str], cfg: RecommendConfig, backend: Any
-) -> list[dict]:
-    """Top-K for each raw user id: [{"user", "items": [raw ids], "scores": [logits]}], input order."""
-    import torch
-
+) -> Recommendations:
+    """Top-K for each raw user id, in input order; unknown users skipped, refused or given the
+    popular items, as `cfg` says."""
     from ncfcli.data.dataset import load_id_maps
-    from ncfcli.evaluate import rows_for
-    from ncfcli.metrics import chunk_users, masked_scores, top_items
 
     user_ids, item_ids = load_id_maps(data.path)
-    dense = dense_users(raw_users, user_ids)
-    device = backend.torch_device
-    offsets = backend.to_torch(data.user_offsets(backend.xp)).to(device)
-    train_items = backend.to_torch(data.train_items).to(device)
-    model = run.model
-    model.eval()
-    step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows))
-    out: list[dict] = []
-    with torch.no_grad():
-        for s in range(0, len(dense), step):
-            users = torch.tensor(dense[s : s + step], dtype=torch.int64, device=device)
-            scores = masked_scores(model, users, data.n_items, offsets, train_items)
-            items_t, top_t = top_items(scores, cfg.k)
-            items, top = items_t.cpu().numpy(), top_t.cpu().numpy()
-            for row in range(users.shape[0]):
-                keep = top[row] != float("-inf")  # fewer candidates than k: drop the masked tail
-                out.append(
-                    {
-                        "user": _py(user_ids[dense[s + row]]),
-                        "items": [_py(item_ids[j]) for j in items[row][keep]],
-                        "scores": [float(x) for x in top[row][keep]],
-                    }
-                )
-    return out
+    titles = load_titles(data.path)
+    found = lookup_users(raw_users, user_ids)
+    unknown = [raw for raw, i in zip(raw_users, found, strict=True) if i is None]
+    if unknown and cfg.fallback is None and (cfg.strict or len(unknown) == len(raw_users)):
+        why = "; --strict refuses the batch" if len(unknown) < len(raw_users) else ""
+        raise NcfError(unknown_message(unknown, user_ids) + why)
+    known = [i for i in found if i is not None]
+    scorer = _Scorer(run, data, cfg, backend)
+    lists: dict[int, tuple[list[Any], list[float]]] = {}
+    for s in range(0, len(known), scorer.step):
+        chunk = known[s : s + scorer.step]
+        items, top = scorer.top(chunk)
+        for row, u in enumerate(chunk):
+            keep = top[row] != float("-inf")  # fewer candidates than k: drop the masked tail
+            lists[u] = (items[row][keep].tolist(), [float(x) for x in top[row][keep]])
+
+    def entry(user: Any, dense_items: list[int], scores: list[float]) -> dict:
+        rec = {"user": user, "items": [_py(item_ids[j]) for j in dense_items], "scores": scores}
+        if titles is not None:
+            rec["titles"] = [titles[j] for j in dense_items]
+        return rec
+
+    popular = popular_items(data, cfg.k, backend) if unknown and cfg.fallback == "popular" else None
+    results: list[dict] = []
+    for raw, dense_u in zip(raw_users, found, strict=True):
+        if dense_u is not None:
+            results.append(entry(_py(user_ids[dense_u]), *lists[dense_u]))
+        elif popular is not None:
+            results.append({**entry(raw, popular[0], [float(c) for c in popular[1]]),
+                            "fallback": "popular"})  # fmt: skip
+    return Recommendations(results, [] if popular is not None else unknown)
+
+
+def check_out_file(out: str | Path, overwrite: bool) -> Path:
+    """The --out file of --all-users: a known extension, and never an existing file unless asked."""
+    p = Path(out)
+    if p.suffix.lower() not in OUT_FORMATS:
+        raise NcfError(f"--out {p}: use a .parquet or .csv file name")
+    if p.is_dir():
+        raise NcfError(f"--out {p} is a directory; give a file name such as {p / 'recs.parquet'}")
+    if p.exists() and not overwrite:
+        raise NcfError(f"--out {p} already exists; add --overwrite to replace it")
+    if not p.parent.is_dir():
+        raise NcfError(f"--out {p}: folder {p.parent} does not exist")
+    return p
+
+
+def recommend_all(
+    run: Any, data: Any, out: str | Path, cfg: RecommendConfig, backend: Any,
+    overwrite: bool = False,
+) -> AllUsersResult:  # fmt: skip
+    """Every user's top-K into `out` (.parquet or .csv): user, rank, item, score[, title].
+
+    Users are scored in chunks on the device (the same code as `recommend`); each chunk's lists
+    are appended to a temporary file that replaces `out` only once complete.
+    """
+    import numpy as np
+    import pyarrow as pa
+
+    from ncfcli.data.dataset import load_id_maps
+    from ncfcli.fsutil import atomic_path
+
+    t0 = time.perf_counter()
+    path = check_out_file(out, overwrite)
+    user_ids, item_ids = load_id_maps(data.path)
+    titles = load_titles(data.path)
+    scorer = _Scorer(run, data, cfg, backend)
+    user_col, item_col = pa.array(user_ids), pa.array(item_ids)
+    title_col = None if titles is None else pa.array(list(titles), type=pa.string())
+    k_eff = min(cfg.k, data.n_items)
+    ranks = np.arange(1, k_eff + 1, dtype=np.int32)
+    rows = 0
+    writer: Any = None
+    with atomic_path(path) as tmp:
+        for s in range(0, data.n_users, scorer.step):
+            dense = np.arange(s, min(s + scorer.step, data.n_users), dtype=np.int64)
+            items, top = scorer.top(dense)
+            keep = (top != float("-inf")).ravel()
+            users = np.repeat(dense, items.shape[1])[keep]
+            flat = items.ravel()[keep]
+            columns = {
+                "user": user_col.take(pa.array(users)),
+                "rank": pa.array(np.tile(ranks[: items.shape[1]], len(dense))[keep]),
+                "item": item_col.take(pa.array(flat)),
+                "score": pa.array(top.ravel()[keep].astype(np.float32)),
+            }
+            if title_col is not None:
+                columns["title"] = title_col.take(pa.array(flat))
+            table = pa.table(columns)
+            writer = writer or _open_writer(tmp, table.schema, path.suffix.lower() == ".csv")
+            writer.write_table(table)
+            rows += table.num_rows
+        if writer is None:  # no users at all: prepare never writes such a dataset
+            raise NcfError(f"dataset {data.path} has no users")
+        writer.close()
+    backend.synchronize()
+    return AllUsersResult(out=str(path), users=data.n_users, rows=rows, k=cfg.k,
+                          titles=titles is not None, seconds=time.perf_counter() - t0)  # fmt: skip
+
+
+def _open_writer(path: Path, schema: Any, csv: bool) -> Any:
+    if csv:
+        import pyarrow.csv as pcsv
+
+        return pcsv.CSVWriter(path, schema)
+    import pyarrow.parquet as pq
+
+    return pq.ParquetWriter(path, schema)
+
+
+def _load(run_dir: str | Path, cfg: RecommendConfig, device: str) -> tuple[Any, Any, Any, Any]:
+    from ncfcli.backend import get_backend
+    from ncfcli.checkpoint import load_run
+    from ncfcli.evaluate import resolve_data
+
+    backend = get_backend(device)
+    run = load_run(run_dir, backend.torch_device)
+    data, note = resolve_data(run, cfg.data, backend)
+    return run, data, note, backend
 
 
 def run_recommend(
@@ -131,15 +326,23 @@ def run_recommend(
     raw_users: Sequence[str],
     cfg: RecommendConfig,
     device: str = "auto",
-) -> tuple[list[dict], str | None]:
-    """Load the run and its dataset, then recommend; (results, dataset note or None)."""
-    from ncfcli.backend import get_backend
-    from ncfcli.checkpoint import load_run
-    from ncfcli.evaluate import resolve_data
-
+) -> Recommendations:
+    """Load the run and its dataset, then recommend for `raw_users`."""
     if not raw_users:
-        raise NcfError("name at least one user: --user RAW_ID or --users-file FILE")
-    backend = get_backend(device)
-    run = load_run(run_dir, backend.torch_device)
-    data, note = resolve_data(run, cfg.data, backend)
-    return recommend(run, data, raw_users, cfg, backend), note
+        raise NcfError("name at least one user: --user RAW_ID, --users-file FILE or --all-users")
+    run, data, note, backend = _load(run_dir, cfg, device)
+    recs = recommend(run, data, raw_users, cfg, backend)
+    recs.note = note
+    return recs
+
+
+def run_recommend_all(
+    run_dir: str | Path, out: str | Path, cfg: RecommendConfig, device: str = "auto",
+    overwrite: bool = False,
+) -> AllUsersResult:  # fmt: skip
+    """Load the run and its dataset, then write every user's top-K to `out`."""
+    check_out_file(out, overwrite)  # before the model loads: a refusal costs nothing
+    run, data, note, backend = _load(run_dir, cfg, device)
+    res = recommend_all(run, data, out, cfg, backend, overwrite)
+    res.note = note
+    return res

@@ -84,6 +84,7 @@ from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
+from ncfcli.defaults import size_defaults
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import (
@@ -93,6 +94,7 @@ from ncfcli.fsutil import (
     remove_output,
     write_marker,
 )
+from ncfcli.logs import RunLog
 from ncfcli.metrics import TIE_RULE, metric_sums, sampled_ranks, sums_to_metrics
 from ncfcli.model import KINDS, ModelConfig, build_model, count_parameters
 
@@ -124,7 +126,8 @@ FIXED_ON_RESUME = {
     "amp": "the optimizer and loss-scaler state were made with it",
     "amp_dtype": "the optimizer and loss-scaler state were made with it",
 }
-RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "curves.png")
+RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "metrics.csv", "curves.png",
+               "tensorboard")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,7 @@ class TrainConfig:
     knn_shrink: float | None = None  # itemknn: shrinkage of the cosine similarity
     eval_batch: int | None = None  # most (user, item) rows scored at once in evaluation
     keep_checkpoints: int | None = None  # per-epoch checkpoints kept (last.pt, best.pt always)
+    tensorboard: bool = False  # TensorBoard scalars in RUN_DIR/tensorboard (ncfcli/logs.py)
 
     def __post_init__(self) -> None:
         checks: list[tuple[str, Any, bool, str]] = [
@@ -272,28 +276,6 @@ def parse_layers(text: str | None) -> tuple[int, ...] | None:
         ) from None
 
 
-def size_defaults(n_train: int) -> dict[str, Any]:
-    """The tuned defaults for a dataset of `n_train` training positives (table in the docstring)."""
-    base: dict[str, Any] = {
-        "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
-        "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
-        "lr_decay": "none",
-        "model": "neumf", "target_hr": None, "eval_batch": 1 << 20, "keep_checkpoints": 3,
-    }  # fmt: skip
-    if n_train < 200_000:
-        # MF with biases, chosen on ml-100k's validation split (docs/training-defaults.md).
-        tier = {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
-                "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0,
-                "neg_per_pos": 16, "l2": 1e-3}  # fmt: skip
-    elif n_train < 5_000_000:
-        tier = {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
-                "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}  # fmt: skip
-    else:
-        tier = {"epochs": 30, "batch_size": 1 << 20, "lr": 0.0045, "beta1": 0.25, "beta2": 0.5,
-                "factors": 64, "layers": (256, 256, 128, 64), "dropout": 0.5}  # fmt: skip
-    return {**base, **tier}
-
-
 def resolve(
     cfg: TrainConfig, n_train: int, world_size: int, saved: dict[str, Any] | None
 ) -> TrainConfig:
@@ -353,7 +335,7 @@ def batch_lr(lr_ref: float, global_batch: int, ref_batch: int) -> tuple[float, i
 def tunables(cfg: TrainConfig) -> dict[str, Any]:
     """The resolved options saved in checkpoints (no paths, no device)."""
     d = asdict(cfg)
-    for k in ("data_dir", "out", "resume", "overwrite", "device"):
+    for k in ("data_dir", "out", "resume", "overwrite", "device", "tensorboard"):
         d.pop(k)
     d["layers"] = list(cfg.layers) if cfg.layers is not None else None
     return d
@@ -638,10 +620,6 @@ def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[An
     return out
 
 
-def _write_metrics(run: Path, history: list[dict[str, Any]]) -> None:
-    atomic_write_text(run / ckpt.METRICS, "".join(json.dumps(h) + "\n" for h in history))
-
-
 def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) -> TrainResult:
     """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress)."""
     t_start = time.perf_counter()
@@ -797,6 +775,8 @@ def _train(
                   "metrics": {"ks": list(KS), "tie_rule": TIE_RULE},
                   "resumes": resumes}  # fmt: skip
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
+    run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
+    run_log.announce(progress, tunables(cfg), env.world_size, backend.describe())
 
     def state(
         epoch: int, step: int = 0, loss_sums: tuple[float, float] = (0.0, 0.0)
@@ -822,6 +802,7 @@ def _train(
         _Interrupt() as interrupt,
         progress if progress is not None else _NullProgress() as bar,
         builder,
+        run_log,
     ):
         for epoch in range(done + 1, cfg.epochs + 1):
             backend.synchronize()
@@ -928,7 +909,7 @@ def _train(
                     ckpt.save_checkpoint(
                         run_dir / ckpt.BEST, {k: v for k, v in full.items() if k != "optimizer"}
                     )
-                _write_metrics(run_dir, history)
+                run_log.epoch(history)
             hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
             desc = f"{epoch}/{cfg.epochs} {select[:3]} HR {hr:.3f} NDCG {ndcg:.3f}"
             bar.update(task, loss=f"{epoch_loss:.3f}", description=desc)

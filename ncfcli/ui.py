@@ -1,7 +1,9 @@
 """Console and progress helpers shared by the commands (Rich, injected, never global).
 
 Progress and diagnostics go to stderr; stdout carries the result (a table, or JSON with --json),
-so `ncf ... --json | jq` always works.
+so `ncf ... --json | jq` always works. Every progress line fits 80 columns (tests/test_ui.py
+draws them at COLUMNS=80): short columns, and a description that is cut before any other
+column is.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     SpinnerColumn,
@@ -23,7 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 
@@ -46,22 +47,27 @@ def si(x: float) -> str:
 class RateColumn(ProgressColumn):
     """Samples per second of a task, from Rich's own speed estimate."""
 
-    def __init__(self, unit: str = "samples/s") -> None:
+    def __init__(self, unit: str = "/s") -> None:
         super().__init__()
         self.unit = unit
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{si(speed)} {self.unit}", style="cyan")
+        return Text("" if speed is None else f"{si(speed)}{self.unit}", style="cyan")
+
+
+def _description() -> TextColumn:
+    """The task's description; on a narrow terminal it is cut (…) so the other columns stay."""
+    return TextColumn(
+        "{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1)
+    )
 
 
 def stage_progress(console: Console, disable: bool = False) -> Progress:
     """One line per stage with a spinner and elapsed time (for `ncf prepare`)."""
     return Progress(
         SpinnerColumn(finished_text="[green]✓"),
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=24),
-        MofNCompleteColumn(),
+        _description(),
         TimeElapsedColumn(),
         console=console,
         disable=disable,
@@ -72,8 +78,8 @@ def stage_progress(console: Console, disable: bool = False) -> Progress:
 def epoch_progress(console: Console, disable: bool = False) -> Progress:
     """A bar per epoch with samples/s, loss and ETA (for `ncf train`)."""
     return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=16),
+        _description(),
+        BarColumn(bar_width=12),
         TaskProgressColumn(),
         RateColumn(),
         TextColumn("loss {task.fields[loss]}"),

@@ -8,17 +8,25 @@ with a progress bar into `<name>.zip.part`; an interrupted download resumes from
 with an HTTP Range request. The finished file must match GroupLens's published MD5 before it is
 renamed into place; a mismatch deletes it. Without a network the error names the file, the URL
 and where to put it, so an offline machine can be fed by hand.
+
+Names work after `prepare` too: `ncf train ml-100k` finds `<cache>/ml-100k` (resolve_prepared),
+and `ncf eval NAME` finds `runs/NAME` (resolve_run). MovieLens item titles (`u.item`,
+`movies.dat`, `movies.csv`) found beside the ratings are saved with the prepared dataset as
+`item_titles.parquet` (save_titles), for `ncf recommend`.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import os
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ncfcli.errors import NcfError
 
@@ -123,7 +131,7 @@ def _download(name: str, spec: RemoteDataset, target: Path, quiet: bool, timeout
             total = have + int(length) if length is not None else None
             progress = Progress(
                 TextColumn(f"download {name}"),
-                BarColumn(bar_width=24),
+                BarColumn(bar_width=16),
                 DownloadColumn(),
                 TransferSpeedColumn(),
                 TimeRemainingColumn(),
@@ -187,6 +195,135 @@ def fetch(
         return target
     _download(name, spec, target, quiet, timeout)
     return target
+
+
+# ---- names of prepared datasets and runs ----------------------------------------------------
+
+RUNS_DIR = "runs"  # where `ncf train` puts a run without --out
+
+
+def prepared_in(folder: Path) -> list[str]:
+    """Names of the prepared datasets directly inside `folder` (those with a meta.json)."""
+    if not folder.is_dir():
+        return []
+    return sorted(d.name for d in folder.iterdir() if (d / "meta.json").is_file())
+
+
+def resolve_prepared(arg: str | os.PathLike, cache: str | os.PathLike | None = None) -> Path:
+    """A dataset directory by path, or by the name `ncf prepare NAME` gave it in the cache."""
+    p = Path(arg).expanduser()
+    text = str(arg)
+    if p.exists() or "/" in text or os.sep in text or text.startswith("."):
+        return p  # a path: the loader reports what is wrong with it
+    root = cache_dir(cache)
+    if (root / text / "meta.json").is_file():
+        return root / text
+    names = prepared_in(root)
+    have = f"prepared there: {', '.join(names)}" if names else "none is prepared there yet"
+    raise NcfError(
+        f"no dataset {text!r}: not a folder here, nor prepared in the cache {root} ({have}); "
+        f"run `ncf prepare {text}` or give the dataset's folder"
+    )
+
+
+def resolve_run(arg: str | os.PathLike) -> Path:
+    """A run directory by path, or by its name under ./runs (where `ncf train` puts runs)."""
+    p = Path(arg).expanduser()
+    text = str(arg)
+    if p.exists() or "/" in text or os.sep in text or text.startswith("."):
+        return p
+    under = Path(RUNS_DIR) / text
+    if under.is_dir():
+        return under
+    runs = Path(RUNS_DIR)
+    names = sorted(d.name for d in runs.iterdir() if d.is_dir()) if runs.is_dir() else []
+    have = f"runs there: {', '.join(names[-8:])}" if names else f"no run in ./{RUNS_DIR}"
+    raise NcfError(f"no run {text!r}: not a folder here, nor in ./{RUNS_DIR} ({have})")
+
+
+# ---- MovieLens item titles ------------------------------------------------------------------
+
+TITLES = "item_titles.parquet"  # optional file of a prepared dataset: column title, by dense item
+TITLE_FILES = ("u.item", "movies.dat", "movies.csv")  # ml-100k, ml-1m/10m, ml-20m/25m/latest
+
+
+def parse_titles(name: str, raw: bytes) -> dict[str, str]:
+    """{raw item id as text: title} from a MovieLens movies file's bytes.
+
+    u.item is `id|title|date|...` in Latin-1, movies.dat `id::title::genres` (Latin-1 in ml-1m,
+    UTF-8 in ml-10m), movies.csv a quoted CSV with a header.
+    """
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    if name == "movies.csv":
+        rows = csv.reader(io.StringIO(text))
+        next(rows, None)
+        return {r[0].strip(): r[1] for r in rows if len(r) >= 2}
+    sep = "|" if name == "u.item" else "::"
+    out = {}
+    for line in text.splitlines():
+        parts = line.split(sep)
+        if len(parts) >= 2 and parts[0].strip():
+            out[parts[0].strip()] = parts[1]
+    return out
+
+
+def _title_bytes(source: dict[str, Any]) -> tuple[str, bytes] | None:
+    """(file name, bytes) of the titles file beside the source's ratings, if there is one."""
+    import zipfile
+
+    path = Path(source["path"]) if source.get("path") else None
+    if path is None or not path.exists():
+        return None
+    if source.get("kind") in ("zip", "dataset"):
+        try:
+            with zipfile.ZipFile(path) as zf:
+                for name in TITLE_FILES:
+                    for info in zf.infolist():
+                        if info.filename.rsplit("/", 1)[-1] == name and not info.is_dir():
+                            return name, zf.read(info)
+        except (zipfile.BadZipFile, OSError):
+            return None
+        return None
+    folder = path.parent
+    if source.get("kind") == "folder":
+        folder = (path / str(source.get("file", ""))).parent
+    for name in TITLE_FILES:
+        if (folder / name).is_file():
+            return name, (folder / name).read_bytes()
+    return None
+
+
+def save_titles(out: str | os.PathLike, source: dict[str, Any], item_ids: Any) -> int:
+    """Write `out/item_titles.parquet` when the source had MovieLens titles; titles matched."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ncfcli.fsutil import atomic_path
+
+    found = _title_bytes(source)
+    if found is None:
+        return 0
+    table = parse_titles(*found)
+    ids = pa.array(item_ids).to_pylist()
+    titles = [table.get(str(i)) for i in ids]
+    matched = sum(t is not None for t in titles)
+    if matched:
+        with atomic_path(Path(out) / TITLES) as tmp:
+            pq.write_table(pa.table({"title": pa.array(titles, type=pa.string())}), tmp)
+    return matched
+
+
+def read_title_table(path: str | os.PathLike) -> Any:
+    """Titles by dense item id (object array, None where unknown)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).column("title").to_numpy(zero_copy_only=False)
+    except (OSError, KeyError, ValueError) as e:
+        raise NcfError(f"{path} is corrupt: {e}; delete it to go without titles") from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""Training defaults by dataset size, torch-free so `ncf train --help` can show them:
+`python -m ncfcli.defaults` prints the table.
+
+`ncfcli.train.size_defaults` is this module's `size_defaults`; train.py's docstring says how
+the tiers were chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (upper bound of training positives, name, the tier's values); the last tier has no bound.
+TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
+    # MF with biases, chosen on ml-100k's validation split (docs/training-defaults.md).
+    (200_000, "< 200k (ml-100k)",
+     {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
+      "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 16,
+      "l2": 1e-3}),
+    (5_000_000, "< 5M (ml-1m)",
+     {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
+      "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
+    (None, ">= 5M (ml-20m)",
+     {"epochs": 30, "batch_size": 1 << 20, "lr": 0.0045, "beta1": 0.25, "beta2": 0.5,
+      "factors": 64, "layers": (256, 256, 128, 64), "dropout": 0.5}),
+)  # fmt: skip
+
+# The same for every size.
+BASE: dict[str, Any] = {
+    "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
+    "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
+    "lr_decay": "none", "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
+    "keep_checkpoints": 3,
+}  # fmt: skip
+
+# Options whose default depends on the dataset's size (their help says so).
+BY_SIZE = ("model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers",
+           "dropout", "neg_per_pos", "l2")  # fmt: skip
+
+
+def size_defaults(n_train: int) -> dict[str, Any]:
+    """The tuned defaults for a dataset of `n_train` training positives."""
+    for bound, _, tier in TIERS:
+        if bound is None or n_train < bound:
+            return {**BASE, **tier}
+    raise AssertionError("the last tier has no bound")
+
+
+def _show(name: str, value: Any) -> str:
+    if name == "batch_size":
+        return f"2^{int(value).bit_length() - 1}"
+    if name == "layers":
+        return "-".join(str(n) for n in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def table_text() -> str:
+    """The tiers as fixed-width text lines that fit 80 columns (the help's epilog)."""
+    rows = [("training positives", *(name for _, name, _ in TIERS))]
+    for key in BY_SIZE:
+        rows.append(("--" + key.replace("_", "-"),
+                     *(_show(key, {**BASE, **tier}[key]) for _, _, tier in TIERS)))  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)  # fmt: skip
+
+
+if __name__ == "__main__":
+    print(table_text())

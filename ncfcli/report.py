@@ -1,0 +1,170 @@
+"""`ncf inspect DATA_DIR|RUN_DIR [--json]`: what a prepared dataset or a run directory holds.
+
+Reads only the JSON and file listing (no torch, no arrays), so it answers at once: counts,
+sparsity, split and protocol of a dataset; model, resolved options, best epoch, metrics and
+files of a run. (Named report.py so it never shadows the standard library's `inspect`.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ncfcli.errors import NcfError
+
+DATASET, RUN = "dataset", "run"
+
+
+def _files(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts):
+            out.append({"path": str(f.relative_to(folder)), "bytes": f.stat().st_size})
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise NcfError(f"{path} cannot be read: {e}") from None
+    if not isinstance(data, dict):
+        raise NcfError(f"{path} is not a JSON object")
+    return data
+
+
+def dataset_report(folder: Path) -> dict[str, Any]:
+    meta = _read_json(folder / "meta.json")
+    n_users, n_items = int(meta["n_users"]), int(meta["n_items"])
+    positives = int(meta["n_train"]) + int(meta.get("n_test", n_users))
+    source = meta.get("source") or {}
+    return {
+        "kind": DATASET,
+        "path": str(folder),
+        "source": source.get("name"),
+        "users": n_users,
+        "items": n_items,
+        "train": int(meta["n_train"]),
+        "test": int(meta.get("n_test", n_users)),
+        "validation": meta.get("n_validation"),
+        "sparsity": 1.0 - positives / max(1, n_users * n_items),
+        "split": meta.get("split") or "leave-one-out (latest interaction is the test item)",
+        "tie_rule": meta.get("tie_rule"),
+        "protocol": f"sampled: test item + {meta.get('eval_negatives')} negatives per user; "
+        "full ranking with `ncf eval --full-ranking`",
+        "seed": meta.get("seed"),
+        "dropped_users": meta.get("dropped_users"),
+        "duplicates": meta.get("n_duplicates"),
+        "fingerprint": meta.get("fingerprint"),
+        "created": meta.get("created"),
+        "titles": (folder / "item_titles.parquet").is_file(),
+        "files": _files(folder),
+    }
+
+
+def _history(folder: Path) -> list[dict[str, Any]]:
+    f = folder / "metrics.jsonl"
+    if not f.is_file():
+        return []
+    rows = []
+    for line in f.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                raise NcfError(f"{f} holds a line that is not JSON: {line[:60]!r}") from None
+    return rows
+
+
+def run_report(folder: Path) -> dict[str, Any]:
+    config = _read_json(folder / "config.json")
+    history = _history(folder)
+    best = max(history, key=lambda h: (h.get("hr@10", 0), h.get("ndcg@10", 0)), default=None)
+    evals = {}
+    for f in sorted(folder.glob("eval*.json")):
+        evals[f.name] = _read_json(f)
+    dataset = config.get("dataset", {})
+    return {
+        "kind": RUN,
+        "path": str(folder),
+        "model": config.get("model", {}),
+        "train": config.get("train", {}),
+        "dataset": dataset.get("path"),
+        "dataset_present": bool(dataset.get("path")) and Path(dataset["path"]).is_dir(),
+        "device": config.get("device"),
+        "world_size": config.get("world_size"),
+        "epochs": len(history),
+        "best_epoch": None if best is None else best.get("epoch"),
+        "best": None if best is None else {k: v for k, v in best.items() if "@" in k},
+        "last": history[-1] if history else None,
+        "evaluations": evals,
+        "files": _files(folder),
+    }
+
+
+def inspect_path(arg: str | Path) -> dict[str, Any]:
+    """The report of a dataset or run given by path, cache name or name under ./runs."""
+    from ncfcli.data.sources import RUNS_DIR, cache_dir
+
+    p = Path(arg).expanduser()
+    candidates = [p]
+    if not p.exists() and "/" not in str(arg):
+        candidates += [cache_dir() / str(arg), Path(RUNS_DIR) / str(arg)]
+    for c in candidates:
+        if (c / "meta.json").is_file():
+            return dataset_report(c)
+        if (c / "config.json").is_file():
+            return run_report(c)
+    if p.is_dir():
+        raise NcfError(f"{p} is neither a prepared dataset (meta.json) nor a run (config.json)")
+    raise NcfError(
+        f"{arg}: no such dataset or run (looked for a folder, a dataset in the cache "
+        f"{cache_dir()} and a run in ./{RUNS_DIR})"
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def print_report(console: Any, report: dict[str, Any]) -> None:
+    """The report as two small tables: the facts, then the files."""
+    from rich.table import Table
+
+    from ncfcli.ui import summary_table
+
+    rows: list[tuple[str, Any]]
+    if report["kind"] == DATASET:
+        rows = [("source", report["source"]), ("users", f"{report['users']:,}"),
+                ("items", f"{report['items']:,}"), ("train positives", f"{report['train']:,}"),
+                ("test", f"{report['test']:,}")]  # fmt: skip
+        if report.get("validation") is not None:
+            rows.append(("validation", f"{report['validation']:,}"))
+        rows += [("sparsity", f"{report['sparsity']:.4%}"), ("split", report["split"]),
+                 ("protocol", report["protocol"]), ("seed", report["seed"]),
+                 ("item titles", "yes" if report["titles"] else "no"),
+                 ("fingerprint", report["fingerprint"])]  # fmt: skip
+    else:
+        m, t = report["model"], report["train"]
+        shape = f"{m.get('kind')}, factors {m.get('factors')}, layers {m.get('layers')}"
+        rows = [("model", shape), ("dataset", report["dataset"]
+                                   + ("" if report["dataset_present"] else " (missing)")),
+                ("epochs", f"{report['epochs']} of {t.get('epochs')}"),
+                ("best epoch", report["best_epoch"])]  # fmt: skip
+        rows += [(k, f"{v:.4f}") for k, v in (report["best"] or {}).items()]
+        for name, res in report["evaluations"].items():
+            for k, v in (res.get("metrics") or {}).items():
+                rows.append((f"{name}: {k}", f"{v:.4f}"))
+        rows += [("lr / batch", f"{t.get('lr')} / {t.get('batch_size')}"),
+                 ("device", f"{report['device']} x {report['world_size']}")]  # fmt: skip
+    console.print(summary_table(f"ncf inspect: {report['kind']} {report['path']}", rows))
+    files = Table(title="files", title_justify="left", show_header=False)
+    files.add_column()
+    files.add_column(justify="right")
+    for f in report["files"]:
+        files.add_row(f["path"], _size(f["bytes"]))
+    console.print(files)
