@@ -441,7 +441,7 @@ def train(
         False,
         "--tensorboard",
         rich_help_panel=OUTPUT,
-        help="TensorBoard scalars in RUN_DIR/tensorboard (extra: ncfcli[tensorboard]).",
+        help="TensorBoard scalars in RUN_DIR/tensorboard (extra: ncfcli\\[tensorboard]).",
     ),  # fmt: skip
     json_out: bool = _json(),
     quiet: bool = _quiet("No progress bars, hyper-parameters or table."),
@@ -673,9 +673,9 @@ def recommend(
         rich_help_panel=DATA,
         show_default="the run's own",
     ),  # fmt: skip
-    k: int = _top_k(10, "Items per user.", OUTPUT),
     eval_batch: int | None = _eval_batch(),
     device: str = _device(),
+    k: int = _top_k(10, "Items per user.", OUTPUT),
     out: Path | None = typer.Option(
         None,
         "--out",

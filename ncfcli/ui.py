@@ -93,7 +93,7 @@ def epoch_progress(console: Console, disable: bool = False) -> Progress:
 def summary_table(title: str, rows: list[tuple[str, Any]]) -> Table:
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # a long path wraps whole instead of ending in "…"
     for key, value in rows:
         table.add_row(key, value if isinstance(value, str) else str(value))
     return table

@@ -1,0 +1,144 @@
+"""Help that reads: panels, shown defaults, one name per concept, NVIDIA's names, names of
+datasets and runs, `ncf inspect`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.cli import ALIASES, app, apply_aliases
+from tests._runs import make_run
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "140"}
+
+
+def _help(*cmd: str) -> str:
+    res = runner.invoke(app, [*cmd, "--help"], env=WIDE)
+    assert res.exit_code == 0, res.output
+    return res.output
+
+
+def test_commands_in_pipeline_order_and_completion() -> None:
+    out = _help()
+    listed = [line.split()[1] for line in out.splitlines() if line.startswith("│ ")
+              and len(line.split()) > 1 and line.split()[1].isalpha()]  # fmt: skip
+    order = ["prepare", "train", "eval", "export", "recommend", "inspect", "info"]
+    assert [c for c in listed if c in order] == order
+    assert "--install-completion" in out and "--show-completion" in out
+
+
+def test_train_help_has_panels_and_the_size_table() -> None:
+    out = _help("train")
+    for panel in ("Data", "Model", "Optimisation", "Evaluation", "Devices", "Output"):
+        assert f"─ {panel} ─" in out, panel
+    assert "[default: (by dataset size, table below)]" in out
+    assert "[default: (neumf)]" in out and "[default: (1e-8)]" in out
+    # the table: one row per size-dependent option, values from ncfcli.defaults
+    assert "--lr                0.004             0.004         0.0045" in out
+    assert "--layers            64-32-16          128-64-32     256-256-128-64" in out
+    # hidden aliases stay hidden
+    assert "--batch_size " not in out and "--batch-rows" not in out
+
+
+def test_one_name_per_concept_across_commands() -> None:
+    for cmd in ("eval", "recommend"):
+        out = _help(cmd)
+        assert re.search(r"--top-k +-k ", out)
+        assert "--eval-batch" in out and "--batch-rows" not in out
+        assert "--device" in out and "--quiet" in out
+    assert "--eval-batch" in _help("train")
+    for cmd in ("prepare", "train", "eval", "export", "recommend"):
+        assert "-q" in _help(cmd)
+
+
+def test_aliases_rewrite_to_the_documented_names() -> None:
+    args = ["d", "--batch_size", "64", "--learning_rate=0.1", "-b1", "0.8", "--threshold", "0.5",
+            "--negative_samples", "3", "--data", "--", "--lr"]  # fmt: skip
+    assert apply_aliases("train", args) == [
+        "d", "--batch-size", "64", "--lr=0.1", "--beta1", "0.8", "--target-hr", "0.5",
+        "--neg-per-pos", "3", "--", "--lr",
+    ]  # fmt: skip
+    assert apply_aliases("eval", ["r", "--k", "5", "--batch-rows", "9"]) == [
+        "r", "--top-k", "5", "--eval-batch", "9"]  # fmt: skip
+    for table in ALIASES.values():  # every alias lands on a name its command documents
+        for new in table.values():
+            assert new is None or new.startswith("--")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--learning_rate", "0"], "--lr must be a finite number > 0, got 0"),
+        (["--batch_size", "0"], "--batch-size must be >= 1, got 0"),
+        (["--negative_samples", "0"], "--neg-per-pos must be >= 1, got 0"),
+        (["--threshold", "2"], "--target-hr must be in (0, 1], got 2"),
+        (["-b1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
+        (["--valid_batch_size", "0"], "--eval-batch must be >= 1, got 0"),
+    ],
+)
+def test_nvidia_names_reach_the_same_checks(prepared_dir: Path, args, message) -> None:
+    res = runner.invoke(app, ["train", str(prepared_dir), *args])
+    assert res.exit_code == 2 and message in res.stderr, res.output
+
+
+def test_datasets_and_runs_by_name(prepared_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    import shutil
+
+    cache = tmp_path / "cache"
+    shutil.copytree(prepared_dir, cache / "tiny")
+    monkeypatch.setenv("NCF_CACHE_DIR", str(cache))
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["train", "tiny", "--epochs", "1", "--factors", "4", "--layers", "8",
+                              "4", "--device", "cpu", "--out", "runs/first", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["epochs"] == 1
+    assert json.loads((tmp_path / "runs/first/config.json").read_text())["dataset"]["path"] == str(
+        (cache / "tiny").resolve()
+    )
+    res = runner.invoke(app, ["eval", "first", "-k", "5", "--json"])  # a run by its name
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["train", "ml-1m", "--epochs", "1"])
+    assert res.exit_code == 1
+    assert (
+        res.stderr.startswith("error: no dataset 'ml-1m'") and "prepared there: tiny" in res.stderr
+    )
+    res = runner.invoke(app, ["eval", "second"])
+    assert res.exit_code == 1 and "runs there: first" in res.stderr
+
+
+def test_inspect_dataset_and_run(prepared_dir: Path, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["inspect", str(prepared_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["kind"] == "dataset" and (d["users"], d["items"]) == (300, 250)
+    assert d["sparsity"] == pytest.approx(1 - (d["train"] + d["test"]) / (300 * 250))
+    assert "meta.json" in [f["path"] for f in d["files"]]
+    run = make_run(prepared_dir, tmp_path / "run")
+    rows = [{"epoch": 1, "loss": 0.5, "hr@10": 0.3, "ndcg@10": 0.2},
+            {"epoch": 2, "loss": 0.4, "hr@10": 0.4, "ndcg@10": 0.1},
+            {"epoch": 3, "loss": 0.3, "hr@10": 0.4, "ndcg@10": 0.2}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = runner.invoke(app, ["inspect", str(run), "--json"])
+    r = json.loads(res.stdout)
+    assert r["kind"] == "run" and r["epochs"] == 3 and r["best_epoch"] == 3
+    assert r["best"] == {"hr@10": 0.4, "ndcg@10": 0.2} and r["dataset_present"]
+    res = runner.invoke(app, ["inspect", str(run)], env=WIDE)
+    assert "best epoch" in res.stdout and "best.pt" in res.stdout
+    res = runner.invoke(app, ["inspect", str(tmp_path)])
+    assert res.exit_code == 1 and "neither a prepared dataset" in res.stderr
+
+
+def test_help_imports_no_torch() -> None:
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom ncfcli.cli import app\n"
+            "for c in ([], ['train'], ['recommend'], ['inspect']):\n"
+            "    assert CliRunner().invoke(app, [*c, '--help']).exit_code == 0\n"
+            "print([m for m in ('torch', 'pandas', 'pyarrow') if m in sys.modules])")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,105 @@
+"""What a user sees on a terminal: 80 columns, the hyper-parameters, and the run's logs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _terminal_lines(cmd: list[str], cwd: Path) -> tuple[list[str], subprocess.CompletedProcess]:
+    """Run `ncf ...` as on an 80-column terminal (Rich draws live) and split what it drew."""
+    env = {**os.environ, "COLUMNS": "80", "FORCE_COLOR": "1", "TTY_COMPATIBLE": "1"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.run([sys.executable, "-m", "ncfcli", *cmd], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    drawn = ANSI.sub("", proc.stderr + proc.stdout)
+    return [line for line in re.split(r"[\r\n]", drawn) if line.strip()], proc
+
+
+def test_train_progress_fits_80_columns(prepared_dir: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    lines, _ = _terminal_lines(["train", str(prepared_dir), "--epochs", "12", "--out", str(run),
+                                "--device", "cpu", "--factors", "8", "--layers", "16", "8",
+                                "--batch-size", "8192"], tmp_path)  # fmt: skip
+    too_long = [line for line in lines if len(line) > 80]
+    assert not too_long, too_long
+    assert not [line for line in lines if "…" in line]  # nothing cut either
+    # each epoch's finished line is whole: metrics, bar, rate, loss and time
+    for e in (1, 9, 10, 12):
+        whole = rf"{e}/12 HR \d\.\d{{3}} NDCG \d\.\d{{3}} .*/s +loss \d\.\d{{3}} \d\d:\d\d$"
+        assert any(re.match(whole, x) for x in lines), (e, [x for x in lines if "HR" in x][-3:])
+    # the resolved hyper-parameters open the run, wrapped within 80 columns
+    head = " ".join(x.strip() for x in lines[:6])
+    assert head.startswith("hyper-parameters: model neumf, factors 8, layers 16-8")
+    assert "epochs 12" in head and "batch 2^13" in head and "lr 0.004" in head
+
+
+def test_prepare_stages_fit_80_columns(tmp_path: Path) -> None:
+    # Long numbers on purpose: 7-digit counts are what ml-20m prints.
+    lines, _ = _terminal_lines(["prepare", "synthetic", "--users", "2000", "--items", "1500",
+                                "--interactions", "1000000", "--eval-negatives", "10",
+                                "--out", str(tmp_path / "d"), "--device", "cpu"], tmp_path)  # fmt: skip
+    assert not [line for line in lines if len(line) > 80]
+    assert not [line for line in lines if "…" in line]
+    assert any(re.search(r"filter and index: 2,000 users, .* positives +\d:\d\d:\d\d$", x)
+               for x in lines)  # fmt: skip
+
+
+def test_metrics_csv_matches_jsonl(tmp_path: Path, prepared_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ncfcli.cli import app
+
+    run = tmp_path / "run"
+    args = ["train", str(prepared_dir), "--out", str(run), "--epochs", "2", "--device", "cpu",
+            "--factors", "4", "--layers", "8", "4", "--batch-size", "8192", "-q"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    with open(run / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) == 2
+    for want, got in zip(rows, table, strict=True):
+        assert set(got) == {k for k, v in want.items() if not isinstance(v, (dict, list))}
+        for key, value in got.items():
+            assert float(value) == pytest.approx(float(want[key]), rel=1e-12)
+    # -q prints no hyper-parameters
+    assert "hyper-parameters" not in res.output
+
+
+def test_tensorboard_missing_is_one_clear_line(prepared_dir: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from ncfcli.cli import app
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        pytest.skip("tensorboard is installed here")
+    res = CliRunner().invoke(app, ["train", str(prepared_dir), "--out", str(tmp_path / "r"),
+                                   "--tensorboard", "--device", "cpu"])  # fmt: skip
+    assert res.exit_code == 1
+    assert res.stderr == (
+        "error: --tensorboard needs the tensorboard package: pip install 'ncfcli[tensorboard]'\n"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_hyper_text_wraps_within_80_columns() -> None:
+    from ncfcli.defaults import size_defaults
+    from ncfcli.logs import hyper_text
+
+    text = hyper_text({**size_defaults(10**8), "eval_batch": 1 << 20}, 64, "cuda:0 (NVIDIA H200)")
+    lines = text.splitlines()
+    assert len(lines) > 1 and max(len(x) for x in lines) <= 80
+    assert "batch 2^20" in text and "layers 256-256-128-64" in text and "x 64" in text
