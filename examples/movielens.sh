@@ -9,5 +9,5 @@ WORK=${2:-work}
 NAME=$(basename "${SOURCE%.*}")
 ncf prepare "$SOURCE" --out "$WORK/data/$NAME" --overwrite
 ncf train "$WORK/data/$NAME" --out "$WORK/runs/$NAME" --overwrite   # add --gpus 8 --amp on a GPU box
-ncf eval "$WORK/runs/$NAME" --k 5 10 20 --json
-ncf eval "$WORK/runs/$NAME" --k 10 --full-ranking --json
+ncf eval "$WORK/runs/$NAME" -k 5 10 20 --json
+ncf eval "$WORK/runs/$NAME" -k 10 --full-ranking --json

@@ -8,8 +8,8 @@ WORK=${1:-work}
 [ $# -gt 0 ] && shift
 ncf prepare synthetic --out "$WORK/data/synthetic" --seed 0 --overwrite "$@"
 ncf train "$WORK/data/synthetic" --out "$WORK/runs/synthetic" --overwrite
-ncf eval "$WORK/runs/synthetic" --k 1 5 10 20                # sampled protocol (100 negatives)
-ncf eval "$WORK/runs/synthetic" --k 10 --full-ranking        # every unseen item is a candidate
+ncf eval "$WORK/runs/synthetic" -k 1 5 10 20                # sampled protocol (100 negatives)
+ncf eval "$WORK/runs/synthetic" -k 10 --full-ranking        # every unseen item is a candidate
 ncf export "$WORK/runs/synthetic" --onnx --triton "$WORK/triton" --overwrite
 ncf recommend "$WORK/runs/synthetic" --user 1 --user 2 -k 5 --json
 python "$(dirname "$0")/serve_onnx.py" "$WORK/runs/synthetic/export" 1 -k 5

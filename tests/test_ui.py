@@ -103,3 +103,22 @@ def test_hyper_text_wraps_within_80_columns() -> None:
     lines = text.splitlines()
     assert len(lines) > 1 and max(len(x) for x in lines) <= 80
     assert "batch 2^20" in text and "layers 256-256-128-64" in text and "x 64" in text
+
+
+def test_tensorboard_scalars_per_epoch(prepared_dir: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from typer.testing import CliRunner
+
+    from ncfcli.cli import app
+
+    run = tmp_path / "run"
+    args = ["train", str(prepared_dir), "--out", str(run), "--epochs", "2", "--device", "cpu",
+            "--factors", "4", "--layers", "8", "4", "--tensorboard", "-q"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    got = [(e.step, e.value) for e in events.Scalars("hr@10")]
+    assert got == [(r["epoch"], pytest.approx(r["hr@10"])) for r in rows]
