@@ -694,7 +694,7 @@ def recommend(
     Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
     from ncfcli.data.sources import resolve_prepared, resolve_run
-    from ncfcli.recommend import RecommendConfig, read_users_file, run_recommend, unknown_message
+    from ncfcli.recommend import RecommendConfig, read_users_file, run_recommend
     from ncfcli.ui import err_console, out_console, print_json
 
     raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
@@ -716,21 +716,9 @@ def recommend(
         _print_lists(out_console(), recs.results)
     if recs.unknown:
         if not quiet:
-            from ncfcli.data.dataset import load_id_maps
-
             sys.stdout.flush()
-            ids = load_id_maps(data_path or _run_dataset(run_dir))[0]
-            sys.stderr.write(f"warning: skipped: {unknown_message(recs.unknown, ids)}\n")
+            sys.stderr.write(f"warning: {recs.skipped}\n")
         raise typer.Exit(recs.exit_code)
-
-
-def _run_dataset(run_dir: str) -> Path:
-    import json
-
-    from ncfcli.data.sources import resolve_run
-
-    config = json.loads((resolve_run(run_dir) / "config.json").read_text())
-    return Path(config["dataset"]["path"])
 
 
 def _print_lists(console: Any, results: list[dict]) -> None:

@@ -62,7 +62,7 @@ class EvalConfig:
         if self.split not in ("test", "validation"):
             raise NcfError(f"--split must be test or validation, got {self.split!r}")
         if self.batch_rows is not None and self.batch_rows < 1:
-            raise NcfError(f"--batch-rows must be >= 1, got {self.batch_rows}")
+            raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
 
     @property
     def protocol(self) -> str:

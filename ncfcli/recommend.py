@@ -66,6 +66,7 @@ class Recommendations:
     results: list[dict]
     unknown: list[str] = field(default_factory=list)  # raw ids skipped (not in the training data)
     note: str | None = None  # the dataset is not the one the run trained on
+    skipped: str | None = None  # one line naming every skipped id, for stderr
 
     @property
     def exit_code(self) -> int:
@@ -125,9 +126,12 @@ def lookup_users(raw_users: Sequence[str], user_ids: Any) -> list[int | None]:
     return [index.get(_raw_key(raw, kind)) for raw in raw_users]
 
 
-def unknown_message(unknown: Sequence[str], user_ids: Any) -> str:
-    """'2 users 'x', 'y' are not in the training data (943 users; ids look like 1, 2, 3)'."""
-    shown = ", ".join(repr(u) for u in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+def unknown_message(unknown: Sequence[str], user_ids: Any, limit: int | None = 5) -> str:
+    """'2 users 'x', 'y' are not in the training data (943 users; ids look like 1, 2, 3)'.
+
+    Names the first `limit` unknown ids (all of them with None)."""
+    cut = len(unknown) if limit is None else limit
+    shown = ", ".join(repr(u) for u in unknown[:cut]) + (" ..." if len(unknown) > cut else "")
     sample = ", ".join(str(_py(v)) for v in user_ids[:3])
     noun = "user" if len(unknown) == 1 else f"{len(unknown)} users"
     verb = "is" if len(unknown) == 1 else "are"
@@ -230,7 +234,10 @@ def recommend(
         elif popular is not None:
             results.append({**entry(raw, popular[0], [float(c) for c in popular[1]]),
                             "fallback": "popular"})  # fmt: skip
-    return Recommendations(results, [] if popular is not None else unknown)
+    if popular is not None or not unknown:
+        return Recommendations(results)
+    line = unknown_message(unknown, user_ids, limit=None) + "; skipped"
+    return Recommendations(results, unknown, skipped=line)
 
 
 def check_out_file(out: str | Path, overwrite: bool) -> Path:
