@@ -228,6 +228,7 @@ def prepare(
     seed: int = typer.Option(
         0, "--seed", help="Seeds the negatives and synthetic data.", rich_help_panel=EVAL
     ),
+    device: str = _device(),
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -244,7 +245,6 @@ def prepare(
         rich_help_panel=OUTPUT,
         show_default="the user cache dir",
     ),
-    device: str = _device(),
     json_out: bool = _json(),
     quiet: bool = _quiet("No progress lines."),
 ) -> None:
@@ -565,6 +565,12 @@ def eval_run(
 @user_errors
 def export(
     run_dir: str = _run_arg(),
+    atol: float = typer.Option(
+        1e-4,
+        "--atol",
+        help="Largest onnxruntime-vs-PyTorch difference accepted.",
+        rich_help_panel=EVAL,
+    ),  # fmt: skip
     onnx: bool = typer.Option(
         False, "--onnx", help="Export to ONNX (the only format so far).", rich_help_panel=OUTPUT
     ),
@@ -591,12 +597,6 @@ def export(
         "--max-batch-size",
         help="Triton max_batch_size in config.pbtxt.",
         rich_help_panel=OUTPUT,
-    ),  # fmt: skip
-    atol: float = typer.Option(
-        1e-4,
-        "--atol",
-        help="Largest onnxruntime-vs-PyTorch difference accepted.",
-        rich_help_panel=EVAL,
     ),  # fmt: skip
     json_out: bool = _json(),
     quiet: bool = _quiet("Print nothing but errors (with --json: the JSON)."),
