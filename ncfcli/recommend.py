@@ -29,6 +29,7 @@ from ncfcli.errors import NcfError
 FALLBACKS = ("popular",)
 EXIT_UNKNOWN = 3  # some users were unknown and skipped; the others got their lists
 OUT_FORMATS = (".parquet", ".csv")
+ROW_GROUP = 1 << 18  # rows per write of --all-users
 
 
 @dataclass(frozen=True)
@@ -280,25 +281,36 @@ def recommend_all(
     ranks = np.arange(1, k_eff + 1, dtype=np.int32)
     rows = 0
     writer: Any = None
+    pending: list[tuple[Any, Any, Any, Any]] = []  # chunks not yet written (dense ids, scores)
+
+    def flush() -> None:
+        nonlocal writer, rows
+        users, rank, flat, score = (np.concatenate(c) for c in zip(*pending, strict=True))
+        pending.clear()
+        columns = {"user": user_col.take(pa.array(users)), "rank": pa.array(rank),
+                   "item": item_col.take(pa.array(flat)), "score": pa.array(score)}  # fmt: skip
+        if title_col is not None:
+            columns["title"] = title_col.take(pa.array(flat))
+        table = pa.table(columns)
+        writer = writer or _open_writer(tmp, table.schema, path.suffix.lower() == ".csv")
+        writer.write_table(table)
+        rows += table.num_rows
+
     with atomic_path(path) as tmp:
+        buffered = 0
         for s in range(0, data.n_users, scorer.step):
             dense = np.arange(s, min(s + scorer.step, data.n_users), dtype=np.int64)
             items, top = scorer.top(dense)
             keep = (top != float("-inf")).ravel()
-            users = np.repeat(dense, items.shape[1])[keep]
-            flat = items.ravel()[keep]
-            columns = {
-                "user": user_col.take(pa.array(users)),
-                "rank": pa.array(np.tile(ranks[: items.shape[1]], len(dense))[keep]),
-                "item": item_col.take(pa.array(flat)),
-                "score": pa.array(top.ravel()[keep].astype(np.float32)),
-            }
-            if title_col is not None:
-                columns["title"] = title_col.take(pa.array(flat))
-            table = pa.table(columns)
-            writer = writer or _open_writer(tmp, table.schema, path.suffix.lower() == ".csv")
-            writer.write_table(table)
-            rows += table.num_rows
+            pending.append((np.repeat(dense, items.shape[1])[keep],
+                            np.tile(ranks[: items.shape[1]], len(dense))[keep],
+                            items.ravel()[keep], top.ravel()[keep].astype(np.float32)))  # fmt: skip
+            buffered += int(keep.sum())
+            if buffered >= ROW_GROUP:  # large row groups: chunks of a few users would be tiny
+                flush()
+                buffered = 0
+        if pending:
+            flush()
         if writer is None:  # no users at all: prepare never writes such a dataset
             raise NcfError(f"dataset {data.path} has no users")
         writer.close()

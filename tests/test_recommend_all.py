@@ -173,3 +173,15 @@ def test_titles_from_a_zip_and_movies_csv(tmp_path: Path) -> None:
     got = pq.read_table(out / "item_titles.parquet").column("title").to_pylist()
     assert got == ["Up (2009)", None, "Heat, the (1995)"]
     assert save_titles(tmp_path / "d", {"kind": "synthetic", "path": None}, np.array([1])) == 0
+
+
+def test_many_row_groups_give_the_same_table(run_dir: Path, table: dict, tmp_path, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("ncfcli.recommend"), "ROW_GROUP", 64)
+    out = tmp_path / "recs.parquet"
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "--out", str(out),
+                              "-k", "7", "--eval-batch", "1000"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert pq.ParquetFile(out).num_row_groups > 10
+    assert pq.read_table(out).to_pydict() == table
