@@ -10,7 +10,8 @@ reported: the run's test figures are those of the validation-chosen epoch. A dat
 with --no-validation (the NCF/NVIDIA protocol) has no validation split; its epoch is chosen on
 the test set, and every report says so ("selected_by": "test").
 
-Defaults per dataset size (any flag overrides; docs/training-defaults.md has the tuning runs):
+Defaults per dataset size (ncfcli/defaults.py, shown by `ncf train --help`; any flag overrides;
+docs/training-defaults.md has the tuning runs):
 
     training positives    < 200k (ml-100k)     200k - 5M (ml-1m)        >= 5M (ml-20m)
     model                 mf 128 f (+ biases)   neumf 64 f, 128-64-32    neumf 64 f, 256-256-128-64

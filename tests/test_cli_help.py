@@ -142,3 +142,12 @@ def test_help_imports_no_torch() -> None:
             "print([m for m in ('torch', 'pandas', 'pyarrow') if m in sys.modules])")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_shell_completion_completes_commands_and_options() -> None:
+    env = {"_NCF_COMPLETE": "complete_bash", "COMP_WORDS": "ncf reco", "COMP_CWORD": "1"}
+    res = runner.invoke(app, [], env=env, prog_name="ncf")
+    assert res.output.split() == ["recommend"]
+    env.update(COMP_WORDS="ncf recommend run --all", COMP_CWORD="3")
+    res = runner.invoke(app, [], env=env, prog_name="ncf")
+    assert res.output.split() == ["--all-users"]
