@@ -184,6 +184,18 @@ def prepare(
         rich_help_panel=DATA,
         show_default="sniffed",
     ),
+    split: str = typer.Option(
+        "time",
+        "--split",
+        rich_help_panel=DATA,
+        help="time: hold out the latest items; random: a seeded pick (no time).",
+    ),  # fmt: skip
+    validation: bool = typer.Option(
+        True,
+        "--validation/--no-validation",
+        rich_help_panel=EVAL,
+        help="Also hold out a validation item per user (--no-validation: the NCF protocol).",
+    ),  # fmt: skip
     min_rating: float | None = typer.Option(
         None,
         "--min-rating",
@@ -260,7 +272,8 @@ def prepare(
     config = PrepareConfig(
         source=source, out=str(out) if out else None, seed=seed, eval_negatives=eval_negatives,
         min_interactions=min_interactions, min_rating=min_rating, user_col=user_col,
-        item_col=item_col, time_col=time_col, rating_col=rating_col, sep=sep, users=users,
+        item_col=item_col, time_col=time_col, split=split, validation=validation,
+        rating_col=rating_col, sep=sep, users=users,
         items=items, interactions=interactions, preset=preset,
         cache_dir=str(cache_dir) if cache_dir else None,
     )  # fmt: skip
@@ -269,15 +282,19 @@ def prepare(
     with stage_progress(err_console(), disable=quiet) as progress:
         meta = run_prepare(config, backend, progress, quiet=quiet)
     seconds = round(time.perf_counter() - t0, 3)
-    keys = ("n_users", "n_items", "n_train", "n_test", "eval_negatives")
+    keys = ("n_users", "n_items", "n_train", "n_valid", "n_test", "eval_negatives")
     peak = backend.peak_memory_bytes()  # None on the CPU
     if json_out:
         extra = {} if peak is None else {"peak_gpu_bytes": peak}
-        print_json({"out": meta["out"], **{k: int(meta[k]) for k in keys}, "seconds": seconds,
-                    **extra})  # fmt: skip
+        print_json({"out": meta["out"], "split": meta["split"], **{k: int(meta[k]) for k in keys},
+                    "seconds": seconds, **extra})  # fmt: skip
         return
     rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
+    held = "test + validation" if meta["validation"] else "test only (--no-validation)"
+    rows.append(("split", f"{meta['split']}: {held}"))
     rows += [(k, f"{meta[k]:,}") for k in keys]
+    if meta["n_users_without_validation"]:
+        rows.append(("users without validation", f"{meta['n_users_without_validation']:,}"))
     rows += [
         ("dropped users", f"{meta['dropped_users']:,}"),
         ("duplicates collapsed", f"{meta['n_duplicates']:,}"),
@@ -388,8 +405,11 @@ def train(
         "Seed of the model, negatives, order and dropout.", "--seed", panel=OPTIM, default="0"
     ),
     target_hr: float | None = _opt(
-        "Stop once test HR@10 reaches this.", "--target-hr", panel=EVAL, default="off"
-    ),
+        "Stop once validation HR@10 reaches this (test HR@10 without a validation split).",
+        "--target-hr",
+        panel=EVAL,
+        default="off",
+    ),  # fmt: skip
     eval_batch: int = _eval_batch(1 << 20),
     device: str = _device(),
     amp: bool | None = _opt(
@@ -497,9 +517,14 @@ def train(
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
                    + (", stopped at --target-hr)" if result.stopped_early else ")")),
-        ("best epoch", result.best_epoch),
-        ("HR@10", f"{result.metrics['hr@10']:.4f}"),
-        ("NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
+        ("best epoch", f"{result.best_epoch} (chosen on {result.selected_by}"
+                       + (")" if result.validation else ": dataset has no validation split)")),
+        ("split", result.dataset_split),
+        *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
+           ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
+          if result.validation else []),
+        ("test HR@10", f"{result.metrics['hr@10']:.4f}"),
+        ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
         ("samples/s", si(result.samples_per_second)),
         ("seconds", f"{result.seconds:.1f}"),
         ("parameters", si(result.parameters)),
@@ -519,6 +544,12 @@ def eval_run(
         help="Evaluate on this prepared dataset (path or cache name).",
         rich_help_panel=DATA,
         show_default="the run's own",
+    ),  # fmt: skip
+    split: str = typer.Option(
+        "test",
+        "--split",
+        rich_help_panel=EVAL,
+        help="Held-out set: test, or validation (for choosing models).",
     ),  # fmt: skip
     k: list[str] = _top_k(None, "Cut-offs K: -k 1 5 10 20 (or 1,5,10,20).", EVAL),
     full_ranking: bool = typer.Option(
@@ -541,7 +572,8 @@ def eval_run(
         raise NcfError(f"unexpected argument {ctx.args[0]!r} (K values follow -k)")
     ks = parse_ks([*(k or []), *ctx.args]) if k else DEFAULT_KS
     data_path = resolve_prepared(data) if data is not None else None
-    cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=eval_batch, data=data_path)
+    cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=eval_batch, data=data_path,
+                     split=split)  # fmt: skip
     report = run_eval(resolve_run(run_dir), cfg, device)
     if report.note and not quiet:
         err_console().print(f"note: {report.note}")
@@ -550,6 +582,7 @@ def eval_run(
         print_json(res)
         return
     rows: list[tuple[str, Any]] = [
+        ("split", f"{res['split']} (dataset split: {res['dataset_split']})"),
         ("protocol", res["protocol"]),
         ("candidates", res["candidates"]),
         ("tie rule", res["tie_rule"]),
@@ -558,7 +591,7 @@ def eval_run(
         ("dataset", report.dataset),
     ]
     rows += [(name, f"{value:.4f}") for name, value in res["metrics"].items()]
-    out_console().print(summary_table(f"ncf eval: {res['protocol']}", rows))
+    out_console().print(summary_table(f"ncf eval: {res['split']}, {res['protocol']}", rows))
 
 
 @app.command(cls=NcfCommand)

@@ -69,15 +69,28 @@ def hyper_text(train: dict[str, Any], world_size: int = 1, device: str = "") -> 
                          subsequent_indent="  ", break_long_words=False)  # fmt: skip
 
 
+def flat(row: dict[str, Any], sep: str = ".") -> dict[str, Any]:
+    """{"test": {"hr@10": x}} -> {"test.hr@10": x}; a null group (no validation split) is left out."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update({f"{key}{sep}{k}": v for k, v in value.items()})
+        elif value is not None and not isinstance(value, list):
+            out[key] = value
+    return out
+
+
 def csv_text(history: list[dict[str, Any]]) -> str:
-    """Epoch rows as CSV; columns in order of first appearance (a resumed run may add some)."""
+    """Epoch rows as CSV (nested groups flattened to `test.hr@10`); columns in order of first
+    appearance, since a resumed run may add some."""
+    rows = [flat(r) for r in history]
     columns: list[str] = []
-    for row in history:
-        columns += [k for k in row if k not in columns and not isinstance(row[k], (dict, list))]
+    for row in rows:
+        columns += [k for k in row if k not in columns]
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, columns, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buf, columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(history)
+    writer.writerows(rows)
     return buf.getvalue()
 
 
@@ -115,7 +128,7 @@ class RunLog:
         atomic_write_text(self.run_dir / METRICS_CSV, csv_text(history))
         if self.writer is not None:
             for row in history[len(history) - 1 :]:
-                for key, value in row.items():
+                for key, value in flat(row, "/").items():  # test/hr@10: one chart per group
                     if key != "epoch" and isinstance(value, (int, float)):
                         self.writer.add_scalar(key, value, int(row["epoch"]))
             self.writer.flush()

@@ -34,10 +34,19 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _split(meta: dict[str, Any]) -> str:
+    how = {"time": "the latest items", "random": "seeded random items"}.get(
+        str(meta.get("split", "time")), str(meta.get("split"))
+    )
+    held = "a test and a validation item" if meta.get("validation") else "a test item"
+    return f"leave-one-out ({meta.get('split', 'time')}): {held} per user, {how}"
+
+
 def dataset_report(folder: Path) -> dict[str, Any]:
     meta = _read_json(folder / "meta.json")
     n_users, n_items = int(meta["n_users"]), int(meta["n_items"])
-    positives = int(meta["n_train"]) + int(meta.get("n_test", n_users))
+    held = int(meta.get("n_test", n_users)) + int(meta.get("n_valid") or 0)
+    positives = int(meta["n_train"]) + held
     source = meta.get("source") or {}
     return {
         "kind": DATASET,
@@ -47,9 +56,9 @@ def dataset_report(folder: Path) -> dict[str, Any]:
         "items": n_items,
         "train": int(meta["n_train"]),
         "test": int(meta.get("n_test", n_users)),
-        "validation": meta.get("n_validation"),
+        "validation": meta.get("n_valid"),
         "sparsity": 1.0 - positives / max(1, n_users * n_items),
-        "split": meta.get("split") or "leave-one-out (latest interaction is the test item)",
+        "split": _split(meta),
         "tie_rule": meta.get("tie_rule"),
         "protocol": f"sampled: test item + {meta.get('eval_negatives')} negatives per user; "
         "full ranking with `ncf eval --full-ranking`",
@@ -77,10 +86,20 @@ def _history(folder: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _chosen(row: dict[str, Any]) -> dict[str, Any]:
+    return row.get("validation") or row.get("test") or {}
+
+
+def _key(scores: dict[str, Any]) -> tuple[float, float]:
+    return (float(scores.get("hr@10", 0.0)), float(scores.get("ndcg@10", 0.0)))
+
+
 def run_report(folder: Path) -> dict[str, Any]:
     config = _read_json(folder / "config.json")
     history = _history(folder)
-    best = max(history, key=lambda h: (h.get("hr@10", 0), h.get("ndcg@10", 0)), default=None)
+    # As train.py chooses: validation HR@10 then NDCG@10 (test without a validation split);
+    # the first epoch wins a tie.
+    best = max(history, key=lambda h: _key(_chosen(h)), default=None)
     evals = {}
     for f in sorted(folder.glob("eval*.json")):
         evals[f.name] = _read_json(f)
@@ -96,7 +115,12 @@ def run_report(folder: Path) -> dict[str, Any]:
         "world_size": config.get("world_size"),
         "epochs": len(history),
         "best_epoch": None if best is None else best.get("epoch"),
-        "best": None if best is None else {k: v for k, v in best.items() if "@" in k},
+        "selected_by": None
+        if best is None
+        else ("validation" if best.get("validation") else "test"),
+        "best": None
+        if best is None
+        else {k: best[k] for k in ("validation", "test") if best.get(k)},
         "last": history[-1] if history else None,
         "evaluations": evals,
         "files": _files(folder),
@@ -154,8 +178,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         rows = [("model", shape), ("dataset", report["dataset"]
                                    + ("" if report["dataset_present"] else " (missing)")),
                 ("epochs", f"{report['epochs']} of {t.get('epochs')}"),
-                ("best epoch", report["best_epoch"])]  # fmt: skip
-        rows += [(k, f"{v:.4f}") for k, v in (report["best"] or {}).items()]
+                ("best epoch", f"{report['best_epoch']} (chosen on {report['selected_by']})")]  # fmt: skip
+        for group, scores in (report["best"] or {}).items():
+            rows += [(f"{group} {k}", f"{v:.4f}") for k, v in scores.items()]
         for name, res in report["evaluations"].items():
             for k, v in (res.get("metrics") or {}).items():
                 rows.append((f"{name}: {k}", f"{v:.4f}"))

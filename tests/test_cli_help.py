@@ -118,17 +118,24 @@ def test_inspect_dataset_and_run(prepared_dir: Path, tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)
     assert d["kind"] == "dataset" and (d["users"], d["items"]) == (300, 250)
-    assert d["sparsity"] == pytest.approx(1 - (d["train"] + d["test"]) / (300 * 250))
+    held = d["train"] + d["test"] + (d["validation"] or 0)
+    assert d["sparsity"] == pytest.approx(1 - held / (300 * 250))
+    assert d["split"].startswith("leave-one-out (time)")
     assert "meta.json" in [f["path"] for f in d["files"]]
     run = make_run(prepared_dir, tmp_path / "run")
-    rows = [{"epoch": 1, "loss": 0.5, "hr@10": 0.3, "ndcg@10": 0.2},
-            {"epoch": 2, "loss": 0.4, "hr@10": 0.4, "ndcg@10": 0.1},
-            {"epoch": 3, "loss": 0.3, "hr@10": 0.4, "ndcg@10": 0.2}]  # fmt: skip
+
+    def row(epoch: int, hr: float, ndcg: float) -> dict:
+        return {"epoch": epoch, "loss": 0.5, "validation": {"hr@10": hr, "ndcg@10": ndcg},
+                "test": {"hr@10": 0.1 * epoch, "ndcg@10": 0.05}}  # fmt: skip
+
+    # epoch 3 ties epoch 4 and beats epoch 2 on NDCG@10; the first of equals is kept
+    rows = [row(1, 0.3, 0.2), row(2, 0.4, 0.1), row(3, 0.4, 0.2), row(4, 0.4, 0.2)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     res = runner.invoke(app, ["inspect", str(run), "--json"])
     r = json.loads(res.stdout)
-    assert r["kind"] == "run" and r["epochs"] == 3 and r["best_epoch"] == 3
-    assert r["best"] == {"hr@10": 0.4, "ndcg@10": 0.2} and r["dataset_present"]
+    assert r["kind"] == "run" and r["epochs"] == 4 and r["best_epoch"] == 3
+    assert r["best"]["validation"] == {"hr@10": 0.4, "ndcg@10": 0.2} and r["dataset_present"]
+    assert r["best"]["test"]["hr@10"] == pytest.approx(0.3) and r["selected_by"] == "validation"
     res = runner.invoke(app, ["inspect", str(run)], env=WIDE)
     assert "best epoch" in res.stdout and "best.pt" in res.stdout
     res = runner.invoke(app, ["inspect", str(tmp_path)])

@@ -36,7 +36,7 @@ def test_train_progress_fits_80_columns(prepared_dir: Path, tmp_path: Path) -> N
     assert not [line for line in lines if "…" in line]  # nothing cut either
     # each epoch's finished line is whole: metrics, bar, rate, loss and time
     for e in (1, 9, 10, 12):
-        whole = rf"{e}/12 HR \d\.\d{{3}} NDCG \d\.\d{{3}} .*/s +loss \d\.\d{{3}} \d\d:\d\d$"
+        whole = rf"{e}/12 val HR \d\.\d{{3}} NDCG \d\.\d{{3}} .*/s +loss \d\.\d{{3}} \d\d:\d\d$"
         assert any(re.match(whole, x) for x in lines), (e, [x for x in lines if "HR" in x][-3:])
     # the resolved hyper-parameters open the run, wrapped within 80 columns
     head = " ".join(x.strip() for x in lines[:6])
@@ -70,9 +70,14 @@ def test_metrics_csv_matches_jsonl(tmp_path: Path, prepared_dir: Path) -> None:
         table = list(csv.DictReader(f))
     assert len(table) == len(rows) == 2
     for want, got in zip(rows, table, strict=True):
-        assert set(got) == {k for k, v in want.items() if not isinstance(v, (dict, list))}
+        assert got["test.hr@10"] and got["validation.ndcg@10"]  # nested groups, flattened
+        flat = {
+            f"{k}.{kk}": vv for k, v in want.items() if isinstance(v, dict) for kk, vv in v.items()
+        }
+        flat.update({k: v for k, v in want.items() if not isinstance(v, (dict, list))})
+        assert set(got) == set(flat)
         for key, value in got.items():
-            assert float(value) == pytest.approx(float(want[key]), rel=1e-12)
+            assert float(value) == pytest.approx(float(flat[key]), rel=1e-12)
     # -q prints no hyper-parameters
     assert "hyper-parameters" not in res.output
 
@@ -120,5 +125,5 @@ def test_tensorboard_scalars_per_epoch(prepared_dir: Path, tmp_path: Path) -> No
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    got = [(e.step, e.value) for e in events.Scalars("hr@10")]
-    assert got == [(r["epoch"], pytest.approx(r["hr@10"])) for r in rows]
+    got = [(e.step, e.value) for e in events.Scalars("validation/hr@10")]
+    assert got == [(r["epoch"], pytest.approx(r["validation"]["hr@10"])) for r in rows]
