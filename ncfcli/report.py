@@ -100,9 +100,11 @@ def run_report(folder: Path) -> dict[str, Any]:
     # As train.py chooses: validation HR@10 then NDCG@10 (test without a validation split);
     # the first epoch wins a tie.
     best = max(history, key=lambda h: _key(_chosen(h)), default=None)
-    evals = {}
-    for f in sorted(folder.glob("eval*.json")):
-        evals[f.name] = _read_json(f)
+    # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
+    # "ndcg", ...}]}, one row per (split, protocol, k, dataset).
+    evals: list[dict[str, Any]] = []
+    if (folder / "eval.json").is_file():
+        evals = list(_read_json(folder / "eval.json").get("results") or [])
     dataset = config.get("dataset", {})
     return {
         "kind": RUN,
@@ -181,9 +183,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
                 ("best epoch", f"{report['best_epoch']} (chosen on {report['selected_by']})")]  # fmt: skip
         for group, scores in (report["best"] or {}).items():
             rows += [(f"{group} {k}", f"{v:.4f}") for k, v in scores.items()]
-        for name, res in report["evaluations"].items():
-            for k, v in (res.get("metrics") or {}).items():
-                rows.append((f"{name}: {k}", f"{v:.4f}"))
+        for e in report["evaluations"]:
+            what = f"eval {e.get('split')}, {e.get('protocol')}, @{e.get('k')}"
+            rows.append((what, f"HR {e.get('hr', 0):.4f}  NDCG {e.get('ndcg', 0):.4f}"))
         rows += [("lr / batch", f"{t.get('lr')} / {t.get('batch_size')}"),
                  ("device", f"{report['device']} x {report['world_size']}")]  # fmt: skip
     console.print(summary_table(f"ncf inspect: {report['kind']} {report['path']}", rows))

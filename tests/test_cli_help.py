@@ -131,13 +131,17 @@ def test_inspect_dataset_and_run(prepared_dir: Path, tmp_path: Path) -> None:
     # epoch 3 ties epoch 4 and beats epoch 2 on NDCG@10; the first of equals is kept
     rows = [row(1, 0.3, 0.2), row(2, 0.4, 0.1), row(3, 0.4, 0.2), row(4, 0.4, 0.2)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    saved = {"split": "test", "protocol": "full ranking", "k": 10, "hr": 0.25, "ndcg": 0.125}
+    (run / "eval.json").write_text(json.dumps({"kind": "ncfcli-eval", "results": [saved]}))
     res = runner.invoke(app, ["inspect", str(run), "--json"])
     r = json.loads(res.stdout)
+    assert r["evaluations"] == [saved]
     assert r["kind"] == "run" and r["epochs"] == 4 and r["best_epoch"] == 3
     assert r["best"]["validation"] == {"hr@10": 0.4, "ndcg@10": 0.2} and r["dataset_present"]
     assert r["best"]["test"]["hr@10"] == pytest.approx(0.3) and r["selected_by"] == "validation"
     res = runner.invoke(app, ["inspect", str(run)], env=WIDE)
     assert "best epoch" in res.stdout and "best.pt" in res.stdout
+    assert "eval test, full ranking, @10" in res.stdout and "HR 0.2500  NDCG 0.1250" in res.stdout
     res = runner.invoke(app, ["inspect", str(tmp_path)])
     assert res.exit_code == 1 and "neither a prepared dataset" in res.stderr
 
