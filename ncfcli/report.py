@@ -87,7 +87,9 @@ def _history(folder: Path) -> list[dict[str, Any]]:
 
 
 def _chosen(row: dict[str, Any]) -> dict[str, Any]:
-    return row.get("validation") or row.get("test") or {}
+    # Runs from before the validation split have flat rows: {"hr@10": ..., "ndcg@10": ...}.
+    flat = {k: v for k, v in row.items() if "@" in k}
+    return row.get("validation") or row.get("test") or flat
 
 
 def _key(scores: dict[str, Any]) -> tuple[float, float]:
@@ -122,7 +124,9 @@ def run_report(folder: Path) -> dict[str, Any]:
         else ("validation" if best.get("validation") else "test"),
         "best": None
         if best is None
-        else {k: best[k] for k in ("validation", "test") if best.get(k)},
+        else (
+            {k: best[k] for k in ("validation", "test") if best.get(k)} or {"test": _chosen(best)}
+        ),
         "last": history[-1] if history else None,
         "evaluations": evals,
         "files": _files(folder),
