@@ -90,17 +90,20 @@ def _quiet(what: str = "No progress lines or notes on stderr.") -> Any:
     return typer.Option(False, "--quiet", "-q", help=what, rich_help_panel=OUTPUT)
 
 
-def _eval_batch(default: int | None = None) -> Any:
+def _eval_batch(shown: str = "2^20 on a GPU, 2^16 on a CPU") -> Any:
     return typer.Option(
-        default, "--eval-batch",
+        None, "--eval-batch",
         help="(user, item) pairs scored at once, the memory budget of scoring.",
-        show_default=default is not None or "2^20 on a GPU, 2^16 on a CPU",
-        rich_help_panel=DEVICES,
+        show_default=shown, rich_help_panel=DEVICES,
     )  # fmt: skip
 
 
 def _top_k(default: Any, what: str, panel: str) -> Any:
     return typer.Option(default, "-k", "--top-k", help=what, rich_help_panel=panel)
+
+
+def _overwrite(what: str = "Replace ncf's own earlier output at --out (never other files).") -> Any:
+    return typer.Option(False, "--overwrite", help=what, rich_help_panel=OUTPUT)
 
 
 def _run_arg() -> Any:
@@ -257,6 +260,7 @@ def prepare(
         rich_help_panel=OUTPUT,
         show_default="the user cache dir",
     ),
+    overwrite: bool = _overwrite(),
     json_out: bool = _json(),
     quiet: bool = _quiet("No progress lines."),
 ) -> None:
@@ -275,7 +279,7 @@ def prepare(
         item_col=item_col, time_col=time_col, split=split, validation=validation,
         rating_col=rating_col, sep=sep, users=users,
         items=items, interactions=interactions, preset=preset,
-        cache_dir=str(cache_dir) if cache_dir else None,
+        cache_dir=str(cache_dir) if cache_dir else None, overwrite=overwrite,
     )  # fmt: skip
     config.validate()
     backend = get_backend(device)
@@ -410,7 +414,7 @@ def train(
         panel=EVAL,
         default="off",
     ),  # fmt: skip
-    eval_batch: int = _eval_batch(1 << 20),
+    eval_batch: int | None = _eval_batch("2^20"),
     device: str = _device(),
     amp: bool | None = _opt(
         "Mixed precision (bf16, or fp16 with loss scaling).",
@@ -454,9 +458,14 @@ def train(
         help="Continue the run in --out from its last checkpoint.",
         rich_help_panel=OUTPUT,
     ),  # fmt: skip
-    keep_checkpoints: int = typer.Option(
-        3, "--keep-checkpoints", help="Per-epoch checkpoints kept.", rich_help_panel=OUTPUT
-    ),
+    overwrite: bool = _overwrite(),
+    keep_checkpoints: int | None = typer.Option(
+        None,
+        "--keep-checkpoints",
+        help="Per-epoch checkpoints kept.",
+        rich_help_panel=OUTPUT,
+        show_default="3",
+    ),  # fmt: skip
     tensorboard: bool = typer.Option(
         False,
         "--tensorboard",
@@ -495,7 +504,8 @@ def train(
     from ncfcli.ui import epoch_progress, err_console, out_console, print_json, si, summary_table
 
     cfg = TrainConfig(
-        data_dir=str(data_path), out=None if out is None else str(out), resume=resume, device=device,
+        data_dir=str(data_path), out=None if out is None else str(out), resume=resume,
+        overwrite=overwrite, device=device,
         epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
@@ -589,6 +599,7 @@ def eval_run(
         ("users", res["users"]),
         ("checkpoint", report.checkpoint),
         ("dataset", report.dataset),
+        ("saved in", report.saved or "-"),
     ]
     rows += [(name, f"{value:.4f}") for name, value in res["metrics"].items()]
     out_console().print(summary_table(f"ncf eval: {res['split']}, {res['protocol']}", rows))
@@ -615,6 +626,7 @@ def export(
         rich_help_panel=OUTPUT,
         show_default="RUN_DIR/export/model.onnx",
     ),  # fmt: skip
+    overwrite: bool = _overwrite(),
     triton: Path | None = typer.Option(
         None,
         "--triton",
@@ -643,9 +655,8 @@ def export(
 
     if not onnx:
         raise NcfError("choose a format: --onnx")
-    cfg = ExportConfig(
-        out=out, triton=triton, name=name, opset=opset, max_batch_size=max_batch_size, atol=atol
-    )
+    cfg = ExportConfig(out=out, triton=triton, name=name, opset=opset,
+                       max_batch_size=max_batch_size, atol=atol, overwrite=overwrite)  # fmt: skip
     res = run_export(resolve_run(run_dir), cfg)
     if json_out:
         print_json(res)
@@ -716,9 +727,7 @@ def recommend(
         help="--all-users: the .parquet or .csv file to write.",
         rich_help_panel=OUTPUT,
     ),  # fmt: skip
-    overwrite: bool = typer.Option(
-        False, "--overwrite", help="Replace an existing --out file.", rich_help_panel=OUTPUT
-    ),
+    overwrite: bool = _overwrite("Replace ncf's own earlier --out file (never other files)."),
     json_out: bool = _json("One JSON object per user per line: user, items, scores."),
     quiet: bool = _quiet("No notes on stderr (unknown users still set the exit status)."),
 ) -> None:

@@ -111,7 +111,7 @@ class RunLog:
             folder = self.run_dir / TENSORBOARD
             self.writer = SummaryWriter(str(folder))
             if read_marker(folder) is None:  # ncf's own folder: --overwrite may replace it
-                write_marker(folder, "tensorboard", ["events.out.tfevents.*"])
+                write_marker(folder, "files", ["events.out.tfevents.*"])
 
     def announce(self, progress: Any, train: dict[str, Any], world_size: int, device: str) -> None:
         """Print the resolved hyper-parameters above the progress bars (not when quiet)."""

@@ -242,14 +242,16 @@ def recommend(
 
 
 def check_out_file(out: str | Path, overwrite: bool) -> Path:
-    """The --out file of --all-users: a known extension, and never an existing file unless asked."""
+    """The --out file of --all-users: a known extension, and an existing file replaced only when
+    ncf wrote it and --overwrite is given (fsutil.check_out_file)."""
+    from ncfcli import fsutil
+
     p = Path(out)
+    if p.is_dir():
+        raise NcfError(f"--out {p} is a folder; give a file name such as {p / 'recs.parquet'}")
     if p.suffix.lower() not in OUT_FORMATS:
         raise NcfError(f"--out {p}: use a .parquet or .csv file name")
-    if p.is_dir():
-        raise NcfError(f"--out {p} is a directory; give a file name such as {p / 'recs.parquet'}")
-    if p.exists() and not overwrite:
-        raise NcfError(f"--out {p} already exists; add --overwrite to replace it")
+    fsutil.check_out_file(p, overwrite=overwrite)
     if not p.parent.is_dir():
         raise NcfError(f"--out {p}: folder {p.parent} does not exist")
     return p
@@ -268,7 +270,7 @@ def recommend_all(
     import pyarrow as pa
 
     from ncfcli.data.dataset import load_id_maps
-    from ncfcli.fsutil import atomic_path
+    from ncfcli.fsutil import atomic_path, record_written
 
     t0 = time.perf_counter()
     path = check_out_file(out, overwrite)
@@ -314,6 +316,7 @@ def recommend_all(
         if writer is None:  # no users at all: prepare never writes such a dataset
             raise NcfError(f"dataset {data.path} has no users")
         writer.close()
+    record_written(path.parent, [path.name])  # so --overwrite may replace it
     backend.synchronize()
     return AllUsersResult(out=str(path), users=data.n_users, rows=rows, k=cfg.k,
                           titles=titles is not None, seconds=time.perf_counter() - t0)  # fmt: skip

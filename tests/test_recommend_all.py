@@ -56,17 +56,28 @@ def test_all_users_equal_per_user_recommend(table: dict, run_dir: Path, prepared
 
 
 def test_out_is_never_overwritten_unasked(run_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "mine.parquet"
-    out.write_bytes(b"the user's own file")
-    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "--out", str(out)])
+    mine = tmp_path / "mine.parquet"
+    mine.write_bytes(b"the user's own file")
+    for extra in ([], ["--overwrite"]):  # a file ncf did not write: never replaced
+        res = runner.invoke(
+            app, ["recommend", str(run_dir), "--all-users", "-o", str(mine), *extra]
+        )
+        assert res.exit_code == 1 and "ncf did not write it" in res.stderr
+        assert mine.read_bytes() == b"the user's own file"
+    out = tmp_path / "recs.parquet"
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(out), "-k", "3"])
     assert res.exit_code == 1 and "add --overwrite" in res.stderr
-    assert out.read_bytes() == b"the user's own file"
+    assert pq.read_table(out).num_rows == 10 * 300
     res = runner.invoke(
-        app, ["recommend", str(run_dir), "--all-users", "-o", str(out), "--overwrite", "-q"]
+        app, ["recommend", str(run_dir), "--all-users", "-o", str(out), "-k", "3", "--overwrite"]
     )
     assert res.exit_code == 0, res.output
-    assert pq.read_table(out).num_rows == 10 * 300
-    assert list(tmp_path.iterdir()) == [out]  # no temporary file left behind
+    assert pq.read_table(out).num_rows == 3 * 300
+    # no temporary file left behind; ncf's record beside it lists what it wrote
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ncf-output.json", "mine.parquet",
+                                                          "recs.parquet"]  # fmt: skip
 
 
 def test_csv_and_usage_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -144,6 +155,10 @@ def test_titles_from_the_source_reach_the_recommendations(tmp_path: Path) -> Non
     items = load_id_maps(data)[1].tolist()
     assert titles == [("Café Été (1993)" if i == 3 else f"Film {i} (199{i})") for i in items]
     assert "item_titles.parquet" not in json.dumps(read_meta(data))  # optional, outside meta
+    again = ["prepare", str(src), "--out", str(data), "--eval-negatives", "2", "--device", "cpu",
+             "-q", "--overwrite"]  # fmt: skip
+    res = runner.invoke(app, again)  # the titles file is ncf's own: replaced with the dataset
+    assert res.exit_code == 0, res.output
     run = make_run(data, tmp_path / "run")
     res = runner.invoke(app, ["recommend", str(run), "-u", "1", "-k", "2", "--json"])
     got = json.loads(res.stdout)

@@ -301,7 +301,7 @@ def save_titles(out: str | os.PathLike, source: dict[str, Any], item_ids: Any) -
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ncfcli.fsutil import atomic_path
+    from ncfcli.fsutil import atomic_path, record_written
 
     found = _title_bytes(source)
     if found is None:
@@ -313,6 +313,7 @@ def save_titles(out: str | os.PathLike, source: dict[str, Any], item_ids: Any) -
     if matched:
         with atomic_path(Path(out) / TITLES) as tmp:
             pq.write_table(pa.table({"title": pa.array(titles, type=pa.string())}), tmp)
+        record_written(out, [TITLES])  # part of ncf's dataset: --overwrite may replace it
     return matched
 
 
