@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import subprocess
 import sys
 import textwrap
@@ -65,3 +67,14 @@ def test_api_errors_are_ncf_errors(prepared_dir: Path) -> None:
         train(prepared_dir, epoch=3)
     with pytest.raises(NcfError, match="--lr must be a finite number > 0"):
         train(prepared_dir, lr=-1.0)
+
+
+def test_the_api_names_still_reach_their_modules(monkeypatch) -> None:
+    import ncfcli.train as train_module  # Python reads the package attribute: the API entry
+    from ncfcli import train
+    from ncfcli.train import TrainConfig
+
+    assert train_module is train and train_module.TrainConfig is TrainConfig
+    monkeypatch.setattr(train_module, "KS", (5,))  # lands in the module the code reads
+    assert importlib.import_module("ncfcli.train").KS == (5,)
+    assert "data" in inspect.signature(train).parameters

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import signal
 from pathlib import Path
@@ -12,12 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from ncfcli import train as train_mod
 from ncfcli.checkpoint import load_checkpoint, load_run
 from ncfcli.cli import app
 from tests.conftest import _tiny_prepared
 
-# The module (`from ncfcli import train` is the Python API's function).
-train_mod = importlib.import_module("ncfcli.train")
 runner = CliRunner()
 # Small and quick: ~7k positives x 5 = ~33k samples an epoch, 8 steps of 4096.
 SMALL = ["--device", "cpu", "--factors", "8", "--layers", "16", "8", "--batch-size", "4096",
