@@ -370,23 +370,47 @@ def train(
         panel=DATA,
         default="verified",
     ),  # fmt: skip
-    model: str | None = _opt("neumf | gmf | mlp | mf.", "--model", panel=MODEL, default="neumf"),
+    model: str | None = _opt(
+        "neumf | gmf | mlp | mf, or a baseline: pop | itemknn | ease | als.",
+        "--model",
+        panel=MODEL,
+    ),  # fmt: skip
     factors: int | None = _opt("GMF/MF embedding width.", "--factors", "-f", panel=MODEL),
     layers: str | None = _opt(
         "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).", "--layers", panel=MODEL
     ),
     dropout: float | None = _opt("Dropout after each MLP hidden layer.", "--dropout", panel=MODEL),
+    als_reg: float | None = _opt("als: regularisation.", "--als-reg", panel=MODEL, default="30"),
+    als_alpha: float | None = _opt(
+        "als: confidence weight alpha.", "--als-alpha", panel=MODEL, default="5"
+    ),
+    als_iterations: int | None = _opt(
+        "als: iterations.", "--als-iterations", panel=MODEL, default="15"
+    ),
+    ease_lambda: float | None = _opt(
+        "ease: L2 regularisation.", "--ease-lambda", panel=MODEL, default="250"
+    ),
+    knn_neighbours: int | None = _opt(
+        "itemknn: neighbours kept per item.", "--knn-neighbours", panel=MODEL, default="50"
+    ),
+    knn_shrink: float | None = _opt(
+        "itemknn: similarity shrinkage.", "--knn-shrink", panel=MODEL, default="0"
+    ),
     epochs: int | None = _opt("Total epochs.", "--epochs", "-e", panel=OPTIM),
     batch_size: int | None = _opt(
         "Global batch (per GPU with --scaling weak).", "--batch-size", "-b", panel=OPTIM
     ),
-    lr: float | None = _opt("Adam learning rate.", "--lr", "-l", panel=OPTIM),
+    lr: float | None = _opt(
+        "Adam learning rate.",
+        "--lr",
+        "-l",
+        panel=OPTIM,
+        default="by dataset size, table below; x k^0.75 (at most x8) for a batch k times the table's",
+    ),  # fmt: skip
     beta1: float | None = _opt("Adam beta1.", "--beta1", panel=OPTIM),
     beta2: float | None = _opt("Adam beta2.", "--beta2", panel=OPTIM),
     eps: float | None = _opt("Adam epsilon.", "--eps", panel=OPTIM, default="1e-8"),
-    l2: float | None = _opt(
-        "L2 penalty on the batch's embedding rows.", "--l2", panel=OPTIM, default="0"
-    ),
+    l2: float | None = _opt("L2 penalty on the batch's embedding rows.", "--l2", panel=OPTIM),
     lr_decay: str | None = _opt(
         "none | linear | cosine: lr falls to 0 over the run.",
         "--lr-decay",
@@ -400,10 +424,10 @@ def train(
         default="strong",
     ),  # fmt: skip
     warmup_epochs: int | None = _opt(
-        "Epochs of lr warm-up under --scaling weak.",
+        "Epochs of linear lr warm-up from 0.",
         "--warmup-epochs",
         panel=OPTIM,
-        default="1 with --scaling weak on several ranks, else 0",
+        default="0",
     ),  # fmt: skip
     seed: int | None = _opt(
         "Seed of the model, negatives, order and dropout.", "--seed", panel=OPTIM, default="0"
@@ -490,6 +514,8 @@ def train(
 
         check_tensorboard()
     procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
+    if procs > 1 and model in ("pop", "itemknn", "ease", "als"):
+        raise NcfError(f"--model {model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
     if procs > 1 and os.environ.get("WORLD_SIZE") in (None, ""):
         from ncfcli.launch import launch_train
 
@@ -510,7 +536,8 @@ def train(
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
-        lr_decay=lr_decay,
+        lr_decay=lr_decay, als_reg=als_reg, als_alpha=als_alpha, als_iterations=als_iterations,
+        ease_lambda=ease_lambda, knn_neighbours=knn_neighbours, knn_shrink=knn_shrink,
         eval_batch=eval_batch, keep_checkpoints=keep_checkpoints, tensorboard=tensorboard,
     )  # fmt: skip
     env = env_from_environ()

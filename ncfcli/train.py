@@ -980,7 +980,8 @@ def _fit_baseline(
              "history": [record], "best": best}  # fmt: skip
     _write_checkpoint(run_dir, state, 1, cfg.keep_checkpoints or 3)
     ckpt.save_checkpoint(run_dir / ckpt.BEST, state)
-    _write_metrics(run_dir, [record])
+    with RunLog(run_dir, tensorboard=cfg.tensorboard) as run_log:
+        run_log.epoch([record])
     return TrainResult(
         run_dir=str(run_dir), epochs=1, best_epoch=1,
         metrics=dict(scores["test"]), validation=scores.get("validation"), selected_by=select,
