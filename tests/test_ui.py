@@ -30,7 +30,7 @@ def test_train_progress_fits_80_columns(prepared_dir: Path, tmp_path: Path) -> N
     run = tmp_path / "run"
     lines, _ = _terminal_lines(["train", str(prepared_dir), "--epochs", "12", "--out", str(run),
                                 "--device", "cpu", "--factors", "8", "--layers", "16", "8",
-                                "--batch-size", "8192"], tmp_path)  # fmt: skip
+                                "--batch-size", "8192", "--neg-per-pos", "4"], tmp_path)  # fmt: skip
     too_long = [line for line in lines if len(line) > 80]
     assert not too_long, too_long
     assert not [line for line in lines if "…" in line]  # nothing cut either
@@ -40,7 +40,7 @@ def test_train_progress_fits_80_columns(prepared_dir: Path, tmp_path: Path) -> N
         assert any(re.match(whole, x) for x in lines), (e, [x for x in lines if "HR" in x][-3:])
     # the resolved hyper-parameters open the run, wrapped within 80 columns
     head = " ".join(x.strip() for x in lines[:6])
-    assert head.startswith("hyper-parameters: model neumf, factors 8, layers 16-8")
+    assert head.startswith("hyper-parameters: model mf, factors 8, layers 16-8")
     assert "epochs 12" in head and "batch 2^13" in head and "lr 0.004" in head
 
 
