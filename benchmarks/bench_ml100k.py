@@ -9,8 +9,12 @@ repeats, with the machine's core count and load.
 
 Data: --data PATH (u.data, its folder or ml-100k.zip), else the ncf cache (`ncf prepare
 ml-100k` downloads there), else ../shared/data/ml-100k beside the checkout.
-Targets (a 2-core CPU): HR@10 >= 0.70, NDCG@10 >= 0.42, train <= 15 s wall (median); the
-exit status is 1 when one is missed. Extra `ncf train` flags go after `--`.
+Targets (a 2-core CPU): test HR@10 >= 0.653 and NDCG@10 >= 0.379 at the validation-chosen
+epoch (the best of RecBole's NeuMF on this file under the same protocol: leave-one-out by time
+with a validation item, 100 sampled negatives; ../shared/data/README.md), train <= 15 s wall
+(median); the exit status is 1 when one is missed. (The earlier 0.70 / 0.42 was set before
+the validation split and the leak fix, when the test set chose the epoch and the training
+negatives skipped the test item.) Extra `ncf train` flags go after `--`.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 
 from _common import MISSED, find_ml100k, machine, ncf, ncf_json, spread, verdict
 
-HR_MIN, NDCG_MIN, WALL_MAX_S, DIFF_MAX = 0.70, 0.42, 15.0, 1e-4
+HR_MIN, NDCG_MIN, WALL_MAX_S, DIFF_MAX = 0.653, 0.379, 15.0, 1e-4
 
 
 def timed(*args: str) -> tuple[float, dict]:

@@ -265,12 +265,12 @@ def plan_launch(
 def _check_gpus(gpus: int, world: int) -> None:
     from ncfcli import backend
 
-    if not backend.cuda_available():
+    visible, why = backend.cuda_status()
+    if not visible:
         raise NcfError(
-            f"--gpus {gpus}: no CUDA GPU is visible on this machine; "
+            f"--gpus {gpus}: no usable CUDA GPU ({why}); "
             f"use --nproc {gpus} to train with CPU workers instead"
         )
-    visible = backend.gpu_count()
     if gpus > visible:
         where = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise NcfError(

@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if backend.cuda_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU visible to CuPy")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU visible to both CuPy and torch")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

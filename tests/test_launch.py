@@ -133,8 +133,8 @@ def test_gpus_without_cuda_is_one_line(prepared_dir: Path) -> None:
     result = CliRunner().invoke(app, ["train", str(prepared_dir), "--gpus", "2"])
     assert result.exit_code != 0
     assert result.stderr.strip().splitlines() == [
-        "error: --gpus 2: no CUDA GPU is visible on this machine; use --nproc 2 to train with "
-        "CPU workers instead"
+        f"error: --gpus 2: no usable CUDA GPU ({backend.cuda_status()[1]}); use --nproc 2 to "
+        "train with CPU workers instead"
     ]
 
 
