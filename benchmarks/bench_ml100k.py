@@ -65,7 +65,8 @@ def main() -> int:
                       f"{result.get('selected_by', 'test')}")  # fmt: skip
             wall, _ = timed("eval", run, "--full-ranking", "--device", args.device)
             eval_s.append(wall)
-            _, exported = timed("export", run, "--onnx", "--out", str(Path(tmp) / f"m{k}.onnx"))
+            onnx = Path(tmp) / f"export{k}" / "model.onnx"  # the id maps land beside it
+            _, exported = timed("export", run, "--onnx", "--out", str(onnx))
             diffs.append(float(exported["max_abs_diff"]))
             print(f"run {k + 1}: train {train_s[-1]:.1f} s, HR@10 {metrics[-1][0]:.4f}, "
                   f"full-ranking eval {eval_s[-1]:.1f} s, export max abs diff {diffs[-1]:.2g}",

@@ -239,8 +239,18 @@ class NCF(nn.Module):
         total = users.new_zeros((), dtype=torch.float32)
         for table, ids in ((self.user_gmf, users), (self.item_gmf, items),
                            (self.user_mlp, users), (self.item_mlp, items)):  # fmt: skip
-            if table is not None:
-                total = total + table(ids).square().sum()
+            if table is None:
+                continue
+            w = table.weight
+            if ids.shape[0] > w.shape[0]:
+                # A batch larger than the table (ml-100k: 2^14 ids, 943 users) reads rows many
+                # times: weigh each row's square once by its count. Same sum, and its backward
+                # is one elementwise pass over the table instead of scattering B rows (which
+                # made the default ml-100k run 1.8x slower on a CPU).
+                counts = torch.bincount(ids.long(), minlength=w.shape[0]).to(w.dtype)
+                total = total + (counts * w.square().sum(dim=1)).sum()
+            else:
+                total = total + self._rows(w, ids.long()).square().sum()
         return total
 
     def _rows(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -54,19 +54,29 @@ def test_training_path_equals_the_plain_path(
         torch.testing.assert_close(got, want)
 
 
-def test_row_sq_sum_reads_every_table_row_of_the_batch() -> None:
+@pytest.mark.parametrize(
+    "users, items",
+    [
+        ([0, 2], [1, 1]),  # fewer ids than rows: the rows are gathered
+        ([0, 2, 2, 3, 3, 3, 1], [1, 1, 4, 4, 4, 0, 1]),  # more: each row weighed by its count
+    ],
+)
+def test_row_sq_sum_reads_every_table_row_of_the_batch(users: list, items: list) -> None:
     model = build_model(ModelConfig(kind="neumf", n_users=4, n_items=5, factors=3, layers=(4, 2)))
-    users, items = torch.tensor([0, 2]), torch.tensor([1, 1])
+    u, i = torch.tensor(users, dtype=torch.int32), torch.tensor(items, dtype=torch.int32)
+    tables = (model.user_gmf, model.item_gmf, model.user_mlp, model.item_mlp)
+    got = model.row_sq_sum(u, i)
+    got.backward()
+    grads = [t.weight.grad.clone() for t in tables]
+    model.zero_grad()
     want = sum(
-        t.weight[ids].square().sum()
-        for t, ids in (
-            (model.user_gmf, users),
-            (model.item_gmf, items),
-            (model.user_mlp, users),
-            (model.item_mlp, items),
-        )  # fmt: skip
+        t.weight[ids.long()].square().sum()
+        for t, ids in ((tables[0], u), (tables[1], i), (tables[2], u), (tables[3], i))
     )
-    torch.testing.assert_close(model.row_sq_sum(users, items), want)
+    want.backward()
+    torch.testing.assert_close(got, want)
+    for t, g in zip(tables, grads, strict=True):
+        torch.testing.assert_close(g, t.weight.grad)
 
 
 def test_state_dict_round_trips_through_a_checkpoint() -> None:
