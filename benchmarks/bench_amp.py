@@ -6,7 +6,9 @@ prints each pair's reported test HR@10 and NDCG@10 (at the epoch validation chos
 difference, the test HR@10 of the last epoch (the same epoch for both), and over the seeds the
 largest and the mean difference. Target: |HR@10(amp) - HR@10(fp32)| <= 0.01. The epoch
 validation picks can differ between the two runs (1 user of 943 moves validation HR by 0.001),
-which is why the last epoch is shown too. Also prints the core count and load average.
+which is why the last epoch is shown too. Also prints the core count and load average, and
+exits 1 when the target is missed. `--model neumf` measures a model other than the dataset's
+default (the small-data default, MF, has no matrix product for autocast to change).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT = REPO.parent / "shared" / "data" / "ml-100k" / "u.data"
 
 
-def _train(ncf: list[str], data: Path, out_dir: Path, device: str, seed: int, amp: bool) -> dict:
+def _train(ncf: list[str], data: Path, out_dir: Path, device: str, seed: int, amp: bool,
+           model: list[str]) -> dict:  # fmt: skip
     done = subprocess.run(
         [*ncf, "train", str(data), "--out", str(out_dir), "--json", "--quiet", "--device", device,
-         "--seed", str(seed), "--amp" if amp else "--no-amp"],
+         "--seed", str(seed), "--amp" if amp else "--no-amp", *model],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     out = json.loads(done.stdout)
@@ -40,7 +43,9 @@ def main() -> int:
     ap.add_argument("path", nargs="?", default=str(DEFAULT), help="u.data of MovieLens-100K")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--model", help="neumf, gmf, mlp or mf [the dataset size's default]")
     args = ap.parse_args()
+    model = ["--model", args.model] if args.model else []
     ncf = [sys.executable, "-m", "ncfcli"]
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the start")
     diffs: list[float] = []
@@ -50,7 +55,7 @@ def main() -> int:
         subprocess.run([*ncf, "prepare", args.path, "--out", str(data), "--quiet"], check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
         for seed in args.seeds:
-            runs = {amp: _train(ncf, data, Path(tmp) / f"r{seed}{amp}", args.device, seed, amp)
+            runs = {amp: _train(ncf, data, Path(tmp) / f"r{seed}{amp}", args.device, seed, amp, model)
                     for amp in (False, True)}  # fmt: skip
             fp32, amp = runs[False]["metrics"], runs[True]["metrics"]
             diff = amp["hr@10"] - fp32["hr@10"]
@@ -72,7 +77,7 @@ def main() -> int:
           f"{verdict}), mean difference {mean:+.4f}; last epoch: largest "
           f"{max(abs(d) for d in last_diffs):.4f}, mean {sum(last_diffs) / len(diffs):+.4f}; "
           f"load average {load:.2f} at the end")  # fmt: skip
-    return 0
+    return 0 if worst <= 0.01 else 1
 
 
 if __name__ == "__main__":

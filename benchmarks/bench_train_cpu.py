@@ -37,17 +37,17 @@ TARGET = 5 * RECBOLE  # for CASES[0]
 CASES = [
     (
         "RecBole NeuMF shape",
-        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0),
+        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0, l2=0.0),
         2048,
     ),
     (
         "RecBole NeuMF shape",
-        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0),
+        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0, l2=0.0),
         8192,
     ),
     (
         "RecBole NeuMF shape",
-        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0),
+        dict(model="neumf", factors=16, layers=(64, 32, 16), dropout=0.0, l2=0.0),
         32768,
     ),
     ("ml-100k default", dict(), None),
