@@ -85,7 +85,7 @@ from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
-from ncfcli.defaults import size_defaults
+from ncfcli.defaults import BASE, size_defaults
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import (
@@ -667,6 +667,7 @@ def _train(
     cfg = resolve(cfg, n_train, env.world_size, saved)
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
+    assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
     done = int(resumed["epoch"]) if resumed else 0
     if resumed and done >= cfg.epochs and not resumed.get("step", 0):
         raise NcfError(
@@ -875,7 +876,7 @@ def _train(
                     path = run_dir / ckpt.CKPT_DIR / ckpt.LAST
                     if env.is_main:
                         mid = state(epoch - 1, step, (loss_total, n_seen))
-                        _write_checkpoint(run_dir, mid, epoch - 1, cfg.keep_checkpoints or 3)
+                        _write_checkpoint(run_dir, mid, epoch - 1, cfg.keep_checkpoints)
                         if history:
                             _save_curves(run_dir / ckpt.CURVES, history)
                     raise NcfError(
@@ -890,7 +891,7 @@ def _train(
             loss_total, n_seen, _ = _read(acc, carried, interrupt.requested, env)
             epoch_loss = loss_total / max(n_seen, 1.0)
 
-            scores = {split: _evaluate(model, held, env, cfg.eval_batch or 1 << 20)
+            scores = {split: _evaluate(model, held, env, cfg.eval_batch)
                       for split, held in eval_sets.items()}  # fmt: skip
             metrics = scores[select]
             trained += 1
@@ -905,7 +906,7 @@ def _train(
                 best = {"epoch": epoch, "selected_by": select, **scores}
             if env.is_main:
                 full = state(epoch)
-                _write_checkpoint(run_dir, full, epoch, cfg.keep_checkpoints or 3)
+                _write_checkpoint(run_dir, full, epoch, cfg.keep_checkpoints)
                 if improved:
                     ckpt.save_checkpoint(
                         run_dir / ckpt.BEST, {k: v for k, v in full.items() if k != "optimizer"}
@@ -954,13 +955,15 @@ def _fit_baseline(
             "itemknn": ("knn_neighbours", "knn_shrink")}.get(kind, ())  # fmt: skip
     seed = cfg.seed or 0
     cfg = replace(cfg, seed=seed, **{k: opts[k] for k in keep})
+    eval_batch = int(cfg.eval_batch or BASE["eval_batch"])  # not resolve()d: no epochs to size
+    keep_checkpoints = int(cfg.keep_checkpoints or BASE["keep_checkpoints"])
     bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep})
     model, fit_seconds = baselines.fit(bcfg, data, backend, seed)
     select = "validation" if data.has_validation else "test"
     scores = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
-        scores[split] = _evaluate(model, held, env, cfg.eval_batch or 1 << 20)
+        scores[split] = _evaluate(model, held, env, eval_batch)
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
               "test": scores["test"], "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
@@ -978,7 +981,7 @@ def _fit_baseline(
     state = {"model_config": bcfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
              "epoch": 1, "step": 0, "world_size": 1, "model": model.state_dict(),
              "history": [record], "best": best}  # fmt: skip
-    _write_checkpoint(run_dir, state, 1, cfg.keep_checkpoints or 3)
+    _write_checkpoint(run_dir, state, 1, keep_checkpoints)
     ckpt.save_checkpoint(run_dir / ckpt.BEST, state)
     with RunLog(run_dir, tensorboard=cfg.tensorboard) as run_log:
         run_log.epoch([record])
