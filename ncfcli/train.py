@@ -629,7 +629,11 @@ def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) ->
     dist_env.init(env, backend.torch_device)
     threads = torch.get_num_threads()  # _train may lower it for small CPU batches
     try:
-        return _train(cfg, progress, env, backend, t_start)
+        result = _train(cfg, progress, env, backend, t_start)
+        # Every rank reaches the teardown together: a rank that destroys its group while rank 0
+        # still writes the run's files can die at exit in gloo's C++ side (SIGABRT, 1 run in 2).
+        dist_env.barrier(env)
+        return result
     except Exception as e:
         if _is_oom(e):
             raise NcfError(
