@@ -7,7 +7,10 @@ each with 100 sampled negatives. Then:
 - ALS (`ncf train --model als`): every point of a small grid is fitted and scored on
   validation; the best (sampled HR@10 + full-ranking HR@10) is scored on test;
 - NCF: `ncf train DATA` with no tuning flag (the defaults under test, or `--ncf-args`), once
-  per seed; the epoch best on validation (best.pt) is scored on test.
+  per seed; the epoch best on validation (best.pt) is scored on test;
+- for reference (not the target): when NCF's recipe weighs recent positives more
+  (`--recency-weight`), ALS's grid again with the same weights as confidences, so the table
+  shows what the weighting alone gives a classic model.
 
 Test figures are sampled (the prepared 100 negatives) and full ranking, via `ncf eval`. Both
 models train on exactly the same positives. It prints median/min/max over seeds, and exits
@@ -21,6 +24,7 @@ or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user ru
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import sys
@@ -57,12 +61,15 @@ def prepare(name: str, work: Path, ml100k: str | None = None) -> Path:
     return out
 
 
-def tune_als(data: Path, work: Path, grid: list[tuple[int, float, float, int]]) -> tuple[Any, Path]:
+def tune_als(
+    data: Path, work: Path, grid: list[tuple[int, float, float, int]], extra: tuple[str, ...] = ()
+) -> tuple[Any, Path]:
     best: tuple[float, Any, Path] | None = None
     for f, reg, alpha, it in grid:
         run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
         ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
-            "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
+            "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run),
+            *extra)  # fmt: skip
         v = held_out_metrics(run, "validation")
         score = v["sampled hr@10"] + v["full hr@10"]
         print(f"  als f={f} reg={reg} alpha={alpha} it={it}: validation "
@@ -99,8 +106,8 @@ def main() -> None:
             print(f"== {name}", flush=True)
             als = None
             if not a.no_als:
-                grid = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
-                grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in grid]
+                given = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
+                grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
                 params, run = tune_als(data, work, grid)
                 als = held_out_metrics(run)
                 print(f"ALS {params} (chosen on validation), test: "
@@ -120,6 +127,16 @@ def main() -> None:
                       + " ".join(f"{k} {x:.4f}" for k, x in val.items()) + "; test "
                       + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
             s = summary(rows)
+            weighted = None
+            recipe = json.loads((run / "config.json").read_text())["train"]
+            if als is not None and recipe.get("recency_weight"):
+                extra = ("--recency-weight", str(recipe["recency_weight"]),
+                         "--recency-span", str(recipe["recency_span"]))  # fmt: skip
+                print(f"ALS with NCF's recency weights ({' '.join(extra)}), for reference:")
+                params, wrun = tune_als(data, work, grid, extra)
+                weighted = held_out_metrics(wrun)
+                print(f"ALS + recency {params} (chosen on validation), test: "
+                      + " ".join(f"{k} {x:.4f}" for k, x in weighted.items()), flush=True)  # fmt: skip
             for k, (med, lo, hi) in s.items():
                 line = f"  {k:14s} NCF median {med:.4f} (min {lo:.4f}, max {hi:.4f})"
                 if als is not None:
@@ -127,6 +144,8 @@ def main() -> None:
                     ok = gap >= a.margin
                     missed |= not ok
                     line += f"  ALS {als[k]:.4f}  gap {gap:+.4f} {'ok' if ok else 'MISSED'}"
+                if weighted is not None:
+                    line += f"  (ALS + recency {weighted[k]:.4f}, gap {med - weighted[k]:+.4f})"
                 print(line, flush=True)
     if missed:
         print(f"target missed: NCF must beat ALS by {a.margin} on every figure")

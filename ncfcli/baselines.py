@@ -16,7 +16,9 @@ training items), so the checkpoint loads with `torch.load(weights_only=True)`.
   EASE_MAX_ITEMS.
 - als: implicit-feedback ALS (Hu, Koren and Volinsky, 2008) from the `implicit` library
   (`pip install 'ncfcli[baselines]'`): confidence 1 + alpha, `--factors`, `--als-reg`,
-  `--als-iterations`; score = user factors . item factors.
+  `--als-iterations`; score = user factors . item factors. With `--recency-weight W` a positive's
+  confidence is 1 + alpha x the weight NCF's loss gives it (ncfcli/recency.py),
+  so ALS can be compared with the same emphasis on a user's recent items; off by default.
 
 Scores are not probabilities; the metrics and `recommend` only rank them. Defaults (DEFAULTS)
 were chosen on a validation split of MovieLens-100K (docs/training-defaults.md).
@@ -58,6 +60,8 @@ class BaselineConfig:
     ease_lambda: float = 0.0
     knn_neighbours: int = 0
     knn_shrink: float = 0.0
+    recency_weight: float = 0.0  # als only
+    recency_span: float = 10.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,7 +214,9 @@ def _als(
     n_items: int,
     cfg: BaselineConfig,
     seed: int,
+    weights: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ALS factors; `weights` (host float32 per training row, or None for 1) scale alpha."""
     try:
         import numpy as np
         from implicit.cpu.als import AlternatingLeastSquares
@@ -223,9 +229,8 @@ def _als(
         ) from None
     indptr = offsets.cpu().numpy()
     indices = items.cpu().numpy().astype(np.int32)
-    matrix = csr_matrix(
-        (np.ones(indices.shape[0], dtype=np.float32), indices, indptr), shape=(n_users, n_items)
-    )
+    values = np.ones(indices.shape[0], dtype=np.float32) if weights is None else weights
+    matrix = csr_matrix((values, indices, indptr), shape=(n_users, n_items))
     # implicit solves many small systems on its own threads: BLAS's thread pool inside them
     # fights torch's OpenMP pool (25x slower measured on ml-100k), so BLAS gets one thread.
     with threadpool_limits(1, "blas"), warnings.catch_warnings():
@@ -258,7 +263,14 @@ def fit(cfg: BaselineConfig, data: Any, backend: Any, seed: int = 0) -> tuple[Ba
         weights = _ease(offsets, items, n_users, n_items, cfg.ease_lambda)
         tensors = {"offsets": offsets, "items": items, "weights": weights}
     elif cfg.kind == "als":
-        user_f, item_f = _als(offsets, items, n_users, n_items, cfg, seed)
+        weights = None
+        if cfg.recency_weight:
+            from ncfcli.recency import recency_weights
+
+            w = recency_weights(data.train_age, cfg.recency_weight, cfg.recency_span, backend.xp,
+                                data.train_users, n_users)  # fmt: skip
+            weights = backend.to_numpy(w)
+        user_f, item_f = _als(offsets, items, n_users, n_items, cfg, seed, weights)
         tensors = {"user_factors": user_f, "item_factors": item_f}
     else:
         raise NcfError(f"--model {cfg.kind!r} is not a baseline ({', '.join(KINDS)})", 2)

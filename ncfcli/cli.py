@@ -364,6 +364,17 @@ def train(
     neg_per_pos: int | None = _opt(
         "Training negatives per positive, drawn each epoch.", "--neg-per-pos", "-n", panel=DATA
     ),
+    recency_weight: float | None = _opt(
+        "A positive weighs 1 + this x exp(-age / span); age = later positives of its user.",
+        "--recency-weight",
+        panel=DATA,
+    ),  # fmt: skip
+    recency_span: float | None = _opt(
+        "Positions back over which --recency-weight decays by e.",
+        "--recency-span",
+        panel=DATA,
+        default="10",
+    ),  # fmt: skip
     approx_negatives: bool | None = _opt(
         "Unverified negatives, as NVIDIA's (may hit positives).",
         "--approx-negatives/--verified-negatives",
@@ -535,7 +546,7 @@ def train(
         epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
-        amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
+        recency_weight=recency_weight, recency_span=recency_span, amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
         lr_decay=lr_decay, als_reg=als_reg, als_alpha=als_alpha, als_iterations=als_iterations,
         ease_lambda=ease_lambda, knn_neighbours=knn_neighbours, knn_shrink=knn_shrink,
         eval_batch=eval_batch, keep_checkpoints=keep_checkpoints, tensorboard=tensorboard,

@@ -79,7 +79,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ncfcli import baselines
+from ncfcli import baselines, recency
 from ncfcli import checkpoint as ckpt
 from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
@@ -127,6 +127,9 @@ FIXED_ON_RESUME = {
     "amp": "the optimizer and loss-scaler state were made with it",
     "amp_dtype": "the optimizer and loss-scaler state were made with it",
 }
+# Options added after runs were first saved, with the value that reproduces what such a run
+# did: resuming it keeps that value, not today's default.
+LEGACY = {"recency_weight": 0.0}
 RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "metrics.csv", "curves.png",
                "tensorboard")  # fmt: skip
 
@@ -153,6 +156,8 @@ class TrainConfig:
     layers: tuple[int, ...] | None = None  # MLP sizes; the first is 2 x the MLP embedding width
     dropout: float | None = None  # dropout after each MLP hidden layer
     neg_per_pos: int | None = None  # training negatives drawn per positive each epoch
+    recency_weight: float | None = None  # a positive weighs 1 + this x exp(-age / recency_span)
+    recency_span: float | None = None  # positions back (by time) over which that weight decays by e
     approx_negatives: bool | None = None  # NVIDIA's unverified negatives (may hit positives)
     seed: int | None = None  # seeds the model, the negatives, the order and dropout
     target_hr: float | None = None  # stop once validation HR@10 reaches this (test without one)
@@ -204,6 +209,20 @@ class TrainConfig:
                 self.neg_per_pos,
                 self.neg_per_pos is None or self.neg_per_pos >= 1,
                 ">= 1",
+            ),
+            (
+                "--recency-weight",
+                self.recency_weight,
+                self.recency_weight is None
+                or (self.recency_weight >= 0 and math.isfinite(self.recency_weight)),
+                "a finite number >= 0",
+            ),
+            (
+                "--recency-span",
+                self.recency_span,
+                self.recency_span is None
+                or (self.recency_span > 0 and math.isfinite(self.recency_span)),
+                "a finite number > 0",
             ),
             (
                 "--target-hr",
@@ -284,7 +303,9 @@ def resolve(
 
     On resume, an option in FIXED_ON_RESUME given with another value than the run's is refused.
     """
-    fill = size_defaults(n_train) if saved is None else {**size_defaults(n_train), **saved}
+    fill = (
+        size_defaults(n_train) if saved is None else {**size_defaults(n_train), **LEGACY, **saved}
+    )
     if saved is not None:
         for name, why in FIXED_ON_RESUME.items():
             given, had = getattr(cfg, name), saved.get(name)
@@ -399,6 +420,26 @@ class _Interrupt:
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`, or {} when it is missing or unreadable (a record, not input)."""
+    try:
+        out = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _check_ages(cfg: TrainConfig, data: PreparedData) -> None:
+    """Refuse a --recency-weight the dataset cannot serve (no time order of its positives)."""
+    if data.train_age is not None:
+        return
+    why = (f"it was prepared with --split {data.split_method}" if data.split_method != "time"
+           else "it was prepared by an ncf older than 0.2")  # fmt: skip
+    raise NcfError(f"--recency-weight needs the time order of the training positives, and "
+                   f"{cfg.data_dir} has none ({why}); drop --recency-weight, or re-run "
+                   "`ncf prepare` (with --split time)", exit_code=2)  # fmt: skip
 
 
 def _decay(kind: str, done: float) -> float:
@@ -668,7 +709,18 @@ def _train(
             )
     replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
+    given_recency = cfg.recency_weight
     cfg = resolve(cfg, n_train, env.world_size, saved)
+    probed = None
+    if cfg.recency_weight and given_recency is None and saved is None:
+        # The size default says "on": the validation split decides whether time says anything.
+        probed = recency.probe(data, backend.xp, seed=0)
+        if probed is None or not probed.on:
+            cfg = replace(cfg, recency_weight=0.0)
+    if cfg.recency_weight and data.train_age is None:
+        if given_recency:
+            _check_ages(cfg, data)
+        cfg = replace(cfg, recency_weight=0.0)  # a resumed run's default where there is no time
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
@@ -746,8 +798,13 @@ def _train(
         ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
 
     # ---- data on the device --------------------------------------------------------------------
+    pos_weight = None
+    if cfg.recency_weight:
+        pos_weight = recency.recency_weights(data.train_age, float(cfg.recency_weight),
+                                             float(cfg.recency_span or 1.0), backend.xp,
+                                             data.train_users, data.n_users)  # fmt: skip
     sampler = NegativeSampler(data, backend, cfg.neg_per_pos or 4, approx=bool(cfg.approx_negatives),
-                              seed=cfg.seed or 0, env=env)  # fmt: skip
+                              seed=cfg.seed or 0, env=env, pos_weight=pos_weight)  # fmt: skip
     local_batch = (
         cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
     )
@@ -780,6 +837,12 @@ def _train(
                   "world_size": env.world_size, "device": backend.describe(),
                   "metrics": {"ks": list(KS), "tie_rule": TIE_RULE},
                   "resumes": resumes}  # fmt: skip
+        if probed is not None:
+            config["recency_probe"] = probed.to_dict()
+        elif resumed:  # the probe ran when the run started: its record stays
+            kept = _read_json(run_dir / ckpt.CONFIG).get("recency_probe")
+            if kept is not None:
+                config["recency_probe"] = kept
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
     run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
     run_log.announce(progress, tunables(cfg), env.world_size, backend.describe())
@@ -829,10 +892,10 @@ def _train(
             warm_steps = (cfg.warmup_epochs or 0) * n_steps
             decay_steps = cfg.epochs * n_steps if cfg.lr_decay not in (None, "none") else 0
             step = first
-            users = items = labels = None  # bound even when a resume starts past the last step
+            users = items = labels = weights = None  # bound when a resume starts past the last step
             dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
             lr_first = lr_now = None
-            for users, items, labels in batches.batches(first):
+            for users, items, labels, weights in batches.batches(first):
                 if cfg.dropout:
                     _seed_dropout(device, dropout_base, step)
                 # Set every step (a resumed run's optimizer state holds the old run's lr).
@@ -847,7 +910,9 @@ def _train(
                     g["lr"] = lr_now
                 with amp_ctx():
                     logits = ddp(users, items)
-                    loss = F.binary_cross_entropy_with_logits(logits.float(), labels)
+                    loss = F.binary_cross_entropy_with_logits(
+                        logits.float(), labels, weight=weights
+                    )
                     if cfg.l2:
                         # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
                         reg = model.row_sq_sum(users, items)
@@ -919,7 +984,7 @@ def _train(
             hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
             desc = f"{epoch}/{cfg.epochs} {select[:3]} HR {hr:.3f} NDCG {ndcg:.3f}"
             bar.update(task, loss=f"{epoch_loss:.3f}", description=desc)
-            del batches, users, items, labels  # the views keep the epoch's arrays alive
+            del batches, users, items, labels, weights  # the views keep the epoch's arrays alive
             if cfg.target_hr is not None and metrics["hr@10"] >= cfg.target_hr:
                 stopped_early = epoch < cfg.epochs
                 break
@@ -955,13 +1020,23 @@ def _fit_baseline(
     replace_run = _check_run_dir(run_dir, cfg)
     given = {k: getattr(cfg, k) for k in baselines.DEFAULTS if getattr(cfg, k) is not None}
     opts = {**baselines.DEFAULTS, **given} if kind in ("als", "ease", "itemknn") else {}
+    # The baselines are the classic models: no recency weight unless given (ALS takes one).
+    r_weight = float(cfg.recency_weight or 0.0)
+    r_span = float(cfg.recency_span or BASE["recency_span"])
+    if r_weight and kind != "als":
+        raise NcfError(f"--recency-weight applies to the NCF models and --model als, "
+                       f"not --model {kind}", exit_code=2)  # fmt: skip
+    if r_weight:
+        _check_ages(cfg, data)
     keep = {"als": ("factors", "als_reg", "als_alpha", "als_iterations"), "ease": ("ease_lambda",),
             "itemknn": ("knn_neighbours", "knn_shrink")}.get(kind, ())  # fmt: skip
     seed = cfg.seed or 0
-    cfg = replace(cfg, seed=seed, **{k: opts[k] for k in keep})
+    cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
+                  **{k: opts[k] for k in keep})  # fmt: skip
     eval_batch = int(cfg.eval_batch or BASE["eval_batch"])  # not resolve()d: no epochs to size
     keep_checkpoints = int(cfg.keep_checkpoints or BASE["keep_checkpoints"])
-    bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep})
+    bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep},
+                                    recency_weight=r_weight, recency_span=r_span)  # fmt: skip
     model, fit_seconds = baselines.fit(bcfg, data, backend, seed)
     select = "validation" if data.has_validation else "test"
     scores = {}

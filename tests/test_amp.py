@@ -19,8 +19,27 @@ from ncfcli.cli import app
 from ncfcli.model import KINDS, ModelConfig, _Gather, build_model
 
 runner = CliRunner()
-SMALL = ["--device", "cpu", "--factors", "8", "--layers", "16", "8", "--batch-size", "4096",
-         "--lr", "0.01", "--dropout", "0.2", "--seed", "1", "--neg-per-pos", "4"]  # fmt: skip
+SMALL = [
+    "--device",
+    "cpu",
+    "--factors",
+    "8",
+    "--layers",
+    "16",
+    "8",
+    "--batch-size",
+    "4096",
+    "--lr",
+    "0.01",
+    "--dropout",
+    "0.2",
+    "--seed",
+    "1",
+    "--neg-per-pos",
+    "4",
+    "--recency-weight",
+    "0",
+]  # fmt: skip  (the synthetic times are random: no recency signal)
 
 
 def ncf(*args: Any) -> Any:

@@ -130,7 +130,8 @@ def test_batches_are_zero_copy_views(prepared_dir: Path) -> None:
     arrays = batches.arrays
     for tensor, array in zip((batches.users, batches.items, batches.labels), arrays, strict=True):
         assert tensor.data_ptr() == array.ctypes.data
-    u, i, y = list(batches.batches(2))[0]  # the third batch
+    u, i, y, w = list(batches.batches(2))[0]  # the third batch
+    assert w is None  # no --recency-weight: every sample weighs 1
     assert u.data_ptr() == arrays[0].ctypes.data + 2 * 256 * 4
     assert y.untyped_storage().data_ptr() == arrays[2].ctypes.data
     sizes = [b[0].shape[0] for b in batches]
@@ -155,14 +156,14 @@ def test_every_global_step_is_the_same_at_any_world_size(prepared_dir: Path, wor
     data = load_prepared(prepared_dir, CPU)
     local = 96
     one = NegativeSampler(data, CPU, 4, seed=1).epoch(2, local * world)
-    whole = [np.stack([np.asarray(x) for x in b], axis=1) for b in one]
+    whole = [np.stack([np.asarray(x) for x in b[:3]], axis=1) for b in one]
     shards = []
     for rank in range(world):
         env = DistEnv(rank=rank, world_size=world, local_rank=rank)
         sampler = NegativeSampler(data, CPU, 4, seed=1, env=env)
         batches = sampler.epoch(2, local)
         assert sampler.samples_per_epoch(local) == batches.n_samples
-        shards.append([np.stack([np.asarray(x) for x in b], axis=1) for b in batches])
+        shards.append([np.stack([np.asarray(x) for x in b[:3]], axis=1) for b in batches])
     assert {len(s) for s in shards} == {len(whole)}
     for step, expected in enumerate(whole):
         got = np.concatenate([s[step] for s in shards])

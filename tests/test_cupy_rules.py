@@ -21,7 +21,14 @@ import torch
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data import prepare as prepare_mod
 from ncfcli.data.batches import KeyedPermutation, NegativeSampler
-from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, PreparedData, load_prepared, read_meta
+from ncfcli.data.dataset import (
+    AGE_ARRAY,
+    ARRAYS,
+    VALID_ARRAYS,
+    PreparedData,
+    load_prepared,
+    read_meta,
+)
 from ncfcli.data.raw import RawInteractions
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
 from ncfcli.evaluate import EvalConfig, evaluate
@@ -74,14 +81,15 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _strict_data(path: Path) -> PreparedData:
     host = load_prepared(path, CPU)
     names = [*ARRAYS, *(VALID_ARRAYS if host.has_validation else ())]
+    names += list(AGE_ARRAY) if host.train_age is not None else []
     arrays = {name: strict.asarray(getattr(host, name)) for name in names}
     return PreparedData(path=path, meta=host.meta, **arrays)
 
 
 def test_prepare_under_cupy_rules_gives_numpys_bytes(prepared: dict[str, Path]) -> None:
     a, b = load_prepared(prepared["numpy"], CPU), load_prepared(prepared["strict"], CPU)
-    assert a.has_validation and b.has_validation
-    for name in [*ARRAYS, *VALID_ARRAYS]:
+    assert a.has_validation and b.has_validation and a.train_age is not None
+    for name in [*ARRAYS, *VALID_ARRAYS, *AGE_ARRAY]:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     meta = read_meta(prepared["strict"])
     assert meta["dropped_users"] > 0 and meta["n_duplicates"] > 0

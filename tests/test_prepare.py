@@ -437,8 +437,8 @@ def test_positions_need_user_item_and_time(tmp_path: Path) -> None:
 def test_no_validation_is_the_ncf_protocol(
     synthetic_dirs: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
-    """--no-validation writes the NCF protocol's four arrays; with validation the test set is
-    the same and training only loses the validation items."""
+    """--no-validation writes the NCF protocol's four arrays (and the training positives' ages);
+    with validation the test set is the same and training only loses the validation items."""
     with_valid = synthetic_dirs[0]
     out = tmp_path / "nv"
     res = ncf("synthetic", "--users", 400, "--items", 300, "--interactions", 12000,
@@ -446,7 +446,7 @@ def test_no_validation_is_the_ncf_protocol(
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == [
         ".ncf-output.json", "item_ids.parquet", "meta.json", "test_items.npy", "test_negatives.npy",
-        "train_items.npy", "train_users.npy", "user_ids.parquet"]  # fmt: skip
+        "train_age.npy", "train_items.npy", "train_users.npy", "user_ids.parquet"]  # fmt: skip
     for name in ("test_items.npy", "test_negatives.npy", "user_ids.parquet", "item_ids.parquet"):
         assert (out / name).read_bytes() == (with_valid / name).read_bytes(), name
     nv, v = load_prepared(out, get_backend("cpu")), load_prepared(with_valid, get_backend("cpu"))

@@ -40,6 +40,7 @@ negatives (measured on ml-100k: HR@10 0.709 with the leak, 0.674 without).
 Memory, in bytes per training sample of this rank (n = N / W samples):
 
     epoch arrays kept for training   users int32 4 + items int32 4 + labels float32 4 = 12
+                                     (+ weights float32 4 with --recency-weight)
     per-chunk temporaries            at most about 100 B a sample of a chunk: CHUNK = 2^24
                                      on the CPU (1.7 GB), GPU_CHUNK = 2^22 on a GPU (0.42 GB)
 
@@ -80,15 +81,18 @@ GPU_WALK_PASSES = 8  # Feistel passes per host sync when cycle-walking on a GPU
 class EpochBatches:
     """One rank's samples for one epoch, as torch views over backend arrays (no copies).
 
-    users, items: int32 [n]; labels: float32 [n] (1 positive, 0 negative), all on the device.
-    Iterating yields (users, items, labels) slices of `batch_size` rows; the last may be short.
+    users, items: int32 [n]; labels: float32 [n] (1 positive, 0 negative), all on the device;
+    weights: float32 [n], each sample's weight in the loss, or None when all weigh 1.
+    Iterating yields (users, items, labels, weights) slices of `batch_size` rows (weights None
+    when there are none); the last may be short.
     """
 
     users: Any
     items: Any
     labels: Any
     batch_size: int
-    arrays: tuple[Any, Any, Any]  # the backend arrays the tensors view; kept alive with them
+    arrays: tuple[Any, ...]  # the backend arrays the tensors view; kept alive with them
+    weights: Any = None
 
     @property
     def n_samples(self) -> int:
@@ -97,18 +101,23 @@ class EpochBatches:
     def __len__(self) -> int:
         return -(-self.n_samples // self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[Any, Any, Any]]:
+    def __iter__(self) -> Iterator[tuple[Any, Any, Any, Any]]:
         return self.batches(0)
 
-    def batches(self, start_step: int = 0) -> Iterator[tuple[Any, Any, Any]]:
+    def batches(self, start_step: int = 0) -> Iterator[tuple[Any, Any, Any, Any]]:
         """Batches from step `start_step` on (resuming inside an epoch skips the ones done)."""
-        b = self.batch_size
+        b, w = self.batch_size, self.weights
         for s in range(start_step * b, self.n_samples, b):
-            yield self.users[s : s + b], self.items[s : s + b], self.labels[s : s + b]
+            weights = w[s : s + b] if w is not None else None
+            yield self.users[s : s + b], self.items[s : s + b], self.labels[s : s + b], weights
 
 
 class NegativeSampler:
-    """Builds each epoch's shuffled positives and negatives for one rank, on the device."""
+    """Builds each epoch's shuffled positives and negatives for one rank, on the device.
+
+    `pos_weight` (float32 [n_pos] on the device, or None) is each training positive's weight in
+    the loss; its negatives weigh 1. ncfcli.recency.recency_weights makes it from the ages.
+    """
 
     def __init__(
         self,
@@ -118,6 +127,7 @@ class NegativeSampler:
         approx: bool = False,
         seed: int = 0,
         env: DistEnv | None = None,
+        pos_weight: Any = None,
     ) -> None:
         if neg_per_pos < 0:
             raise NcfError(f"--neg-per-pos must be >= 0, got {neg_per_pos}")
@@ -132,6 +142,7 @@ class NegativeSampler:
         self.pos_users = data.train_users  # int32 [n_pos], device
         self.pos_items = data.train_items
         self.n_pos = int(self.pos_users.shape[0])
+        self.pos_weight = pos_weight
         # On a GPU each host sync stalls the launch queue, and binary searches cost the same in
         # any order: walk several Feistel passes per sync and skip the needle sort there.
         self.walk_passes = 1 if not backend.is_cuda else GPU_WALK_PASSES
@@ -224,6 +235,7 @@ class NegativeSampler:
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)
+        weights = xp.empty(n, dtype=xp.float32) if self.pos_weight is not None else None
         step = self.chunk
         for s in range(0, n, step):
             ids = perm(self._rank_positions(s, min(n, s + step), batch_size))
@@ -238,9 +250,14 @@ class NegativeSampler:
             users[s : s + step] = u
             items[s : s + step] = it
             labels[s : s + step] = 1.0 - neg.astype(xp.float32)
+            if weights is not None:
+                weights[s : s + step] = xp.where(neg, xp.float32(1.0), self.pos_weight[pair])
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
-        return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels))
+        if weights is None:
+            return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels))
+        return EpochBatches(*tensors, batch_size=batch_size,
+                            arrays=(users, items, labels, weights), weights=be.to_torch(weights))  # fmt: skip
 
 
 # ---- counter-based randomness: the same numbers on every rank and backend ----------------------

@@ -13,12 +13,16 @@ Layout (format version 2); dense ids: users 0..n_users-1, items 0..n_items-1:
     valid_users.npy       int32 [n_valid]   users with a validation item, ascending
     valid_items.npy       int32 [n_valid]   the validation (second-latest) item of valid_users[r]
     valid_negatives.npy   int32 [n_valid, eval_negatives]  distinct items, none a positive
+    train_age.npy         int32 [n_train]   how many of the user's training positives are later
+                          than this one (0: the latest), by time and the split's tie rule
     user_ids.parquet      column raw_id: row i is the raw id of dense user i
     item_ids.parquet      column raw_id: row i is the raw id of dense item i
 
 The three valid_* arrays exist only when meta.json says "validation": true (`ncf prepare`
-without --no-validation). Version 2 added them and the split; a version 1 directory is refused
-with one line asking to re-run `ncf prepare`.
+without --no-validation). train_age.npy exists only when meta.json says "train_age": true
+(`--split time`; ncf 0.2 on): `ncf train --recency-weight` reads it. Version 2 added the
+validation arrays and the split; a version 1 directory is refused with one line asking to
+re-run `ncf prepare`.
 
 Arrays are plain .npy (no pickles) so they load straight onto a GPU; the id maps are Parquet
 because raw ids may be strings.
@@ -51,6 +55,7 @@ VALID_ARRAYS = {
     "valid_items": np.int32,
     "valid_negatives": np.int32,
 }
+AGE_ARRAY = {"train_age": np.int32}  # optional: only from a time split
 ID_MAPS = ("user_ids.parquet", "item_ids.parquet")
 SPLITS = ("test", "validation")  # the held-out sets a model is evaluated on
 
@@ -68,6 +73,7 @@ class PreparedData:
     valid_users: Any = None  # None without a validation split (--no-validation)
     valid_items: Any = None
     valid_negatives: Any = None
+    train_age: Any = None  # None without a time order (--split random, or an older dataset)
     n_users: int = field(init=False)
     n_items: int = field(init=False)
 
@@ -175,7 +181,8 @@ def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
     path = Path(path)
     meta = read_meta(path)
     arrays: dict[str, Any] = {}
-    names = {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {})}
+    names = {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {}),
+             **(AGE_ARRAY if meta.get("train_age") else {})}  # fmt: skip
     for name, dtype in names.items():
         f = path / f"{name}.npy"
         try:
@@ -192,6 +199,8 @@ def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
         "test_items": (n_users,),
         "test_negatives": (n_users, meta["eval_negatives"]),
     }
+    if meta.get("train_age"):
+        expected["train_age"] = (n_train,)
     if meta.get("validation"):
         n_valid = meta["n_valid"]
         expected.update(valid_users=(n_valid,), valid_items=(n_valid,),
@@ -227,7 +236,8 @@ def write_prepared(
 ) -> dict[str, Any]:
     """Write a prepared dataset atomically and return the completed meta.
 
-    `arrays` are host NumPy arrays named as in ARRAYS, plus all or none of VALID_ARRAYS;
+    `arrays` are host NumPy arrays named as in ARRAYS, plus all or none of VALID_ARRAYS, plus
+    optionally train_age;
     `user_ids`/`item_ids` are 1-D host sequences (NumPy, pandas or pyarrow) of raw ids in
     dense-id order. `meta` holds the descriptive keys (counts, seed, source, options, backend,
     ...); format_version, validation, n_valid, array_sha256 and fingerprint are filled in here.
@@ -241,11 +251,13 @@ def write_prepared(
     given = set(VALID_ARRAYS) & set(arrays)
     if given and given != set(VALID_ARRAYS):
         raise ValueError(f"write_prepared: validation needs all of {sorted(VALID_ARRAYS)}")
-    names = {**ARRAYS, **(VALID_ARRAYS if given else {})}
+    names = {**ARRAYS, **(VALID_ARRAYS if given else {}),
+             **(AGE_ARRAY if "train_age" in arrays else {})}  # fmt: skip
     host = {k: np.ascontiguousarray(arrays[k], dtype=names[k]) for k in names}
     meta = dict(meta)
     meta["format_version"] = FORMAT_VERSION
     meta["validation"] = bool(given)
+    meta["train_age"] = "train_age" in arrays
     meta["n_valid"] = int(host["valid_users"].shape[0]) if given else 0
     meta.setdefault("split", "time")
     meta["array_sha256"] = array_digest(host)

@@ -354,6 +354,38 @@ def _latest_rows(
     return at_latest[last]
 
 
+def _train_age(users: Any, stamps: Any, n_users: int, xp: Any) -> Any:
+    """int32 per training positive: how many of its user's training positives are later (0: the
+    latest). Rows are sorted by (user, item) and the sort is stable, so of two positives with
+    equal times the smaller item id counts as the later (the same on NumPy and CuPy).
+
+    One stable sort of (user, time reversed) packed into int64, as in _dedup_sorted; times too
+    wide to pack (they never are for seconds since 1970) take a stable lexsort of the two.
+    """
+    n = len(users)
+    if n == 0:
+        return xp.zeros(0, dtype=xp.int32)
+    t_max = stamps.max()
+    t_bits = max(1, host_int(t_max - stamps.min(), xp)).bit_length()
+    u_bits = max(1, n_users - 1).bit_length()
+    later_first = t_max - stamps  # 0 for the latest; reversed so ascending sorts latest first
+    if u_bits + t_bits <= 63:
+        key = users.astype(xp.int64)
+        key <<= t_bits
+        key |= later_first
+        order = xp.argsort(key, kind="stable")
+        del key
+    else:
+        order = xp.lexsort(xp.stack([later_first, users.astype(xp.int64)]))
+    del later_first
+    counts = xp.bincount(users, minlength=n_users)
+    start = xp.cumsum(counts) - counts
+    rank = xp.arange(n, dtype=xp.int64) - start[users[order]]
+    age = xp.empty(n, dtype=xp.int32)
+    age[order] = rank.astype(xp.int32)
+    return age
+
+
 def _draw_indices(avail: Any, n_neg: int, rng: Any, xp: Any) -> Any:
     """[len(avail), n_neg] int64: per row, n_neg distinct values below avail[row], sorted."""
     n_rows = len(avail)
@@ -522,9 +554,11 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             valid_users, valid_items = users[valid_rows], items[valid_rows]
             train[valid_rows] = False
             del valid_rows
-        del stamps
         train_users, train_items = users[train], items[train]
-        del train
+        train_age = None
+        if config.split == "time":
+            train_age = _train_age(train_users, stamps[train], n_users, xp)
+        del train, stamps
         done = f"{len(train_users):,} train, {n_users:,} test"
         if config.validation:
             done += f", {len(valid_users):,} validation"
@@ -562,6 +596,8 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             "test_items": backend.to_numpy(test_items),
             "test_negatives": backend.to_numpy(test_negatives),
         }
+        if train_age is not None:
+            arrays["train_age"] = backend.to_numpy(train_age)
         if config.validation:
             arrays["valid_users"] = backend.to_numpy(valid_users)
             arrays["valid_items"] = backend.to_numpy(valid_items)

@@ -1,0 +1,243 @@
+"""Recency weights: `ncf prepare` records each training positive's age, `ncf train
+--recency-weight` weighs recent positives more in the loss (and in ALS's confidence)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ncfcli.backend import get_backend
+from ncfcli.cli import app
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import load_prepared
+from ncfcli.recency import PROBE_Z, probe, recency_weights
+from ncfcli.train import TrainConfig, resolve
+
+runner = CliRunner()
+CPU = get_backend("cpu")
+
+
+def ncf(*args: Any) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _prepare(tmp_path: Path, text: str, *flags: str) -> Path:
+    src = tmp_path / "events.csv"
+    src.write_text(text)
+    out = tmp_path / "data"
+    args = ["prepare", src, "--out", out, "--eval-negatives", "1", "--device", "cpu", "-q", *flags]
+    res = ncf(*args)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+# user a: items 1..6 at times 10, 50, 30, 20, 60, 40: test 5 (t60), validation 2 (t50), training
+# 1 (t10), 3 (t30), 4 (t20), 6 (t40): ages 3, 1, 2, 0. user b: items 1, 2, 3 at 5, 5, 9 (test 3),
+# validation by the tie rule; its one training item has age 0. Items 7..8 leave room for negatives.
+EVENTS = """user,item,timestamp
+a,1,10
+a,2,50
+a,3,30
+a,4,20
+a,5,60
+a,6,40
+b,1,5
+b,2,5
+b,3,9
+b,4,2
+b,7,1
+c,8,1
+c,7,2
+c,6,3
+"""
+
+
+def test_prepare_records_each_training_positive_age_by_time(tmp_path: Path) -> None:
+    data = load_prepared(_prepare(tmp_path, EVENTS), CPU)
+    assert data.meta["train_age"] is True
+    users, items, ages = data.train_users, data.train_items, data.train_age
+    a_rows = users == 0  # dense ids follow sorted raw ids: a=0; items 1..8 -> 0..7
+    assert dict(zip(items[a_rows].tolist(), ages[a_rows].tolist(), strict=True)) == {
+        0: 3,
+        2: 1,
+        3: 2,
+        5: 0,
+    }
+    b_rows = users == 1  # b: test 3 (t9); validation: the later of items 1, 2 (both t5) by the
+    # tie rule; training: the other of them (t5), 4 (t2), 7 (t1)
+    b_items, b_ages = items[b_rows].tolist(), ages[b_rows].tolist()
+    by_item = dict(zip(b_items, b_ages, strict=True))
+    assert by_item[3] == 1 and by_item[6] == 2 and sorted(b_ages) == [0, 1, 2]
+    for u in range(data.n_users):  # per user, the ages are 0..n-1
+        assert sorted(ages[users == u].tolist()) == list(range(int((users == u).sum())))
+
+
+def test_random_split_has_no_ages_and_refuses_an_explicit_weight(tmp_path: Path) -> None:
+    out = _prepare(tmp_path, EVENTS, "--split", "random")
+    assert load_prepared(out, CPU).train_age is None
+    res = ncf("train", out, "--recency-weight", "4", "--epochs", "1", "--out", tmp_path / "r",
+              "--device", "cpu", "-q")  # fmt: skip
+    assert res.exit_code == 2
+    assert "--recency-weight needs the time order" in res.output
+    assert "--split random" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "r").exists()
+    # Without the flag the default (on for small data) is off here, and the record says so.
+    run = tmp_path / "r2"
+    res = ncf("train", out, "--epochs", "1", "--out", run, "--device", "cpu", "-q", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "config.json").read_text())["train"]["recency_weight"] == 0.0
+
+
+def test_weights_follow_the_formula_and_average_one_per_user() -> None:
+    age = np.array([0, 1, 10, 100, 0, 3], dtype=np.int32)
+    users = np.array([0, 0, 0, 0, 2, 2], dtype=np.int32)
+    w = recency_weights(age, 8.0, 10.0, np, users, 3)
+    assert w.dtype == np.float32
+    raw = 1 + 8 * np.exp(-age / 10.0)
+    expected = np.concatenate([raw[:4] / raw[:4].mean(), raw[4:] / raw[4:].mean()])
+    np.testing.assert_allclose(w, expected, rtol=1e-6)
+    assert w[0] > w[1] > w[2] > w[3]
+    np.testing.assert_array_equal(recency_weights(age, 0.0, 10.0, np, users, 3), np.ones(6))
+
+
+def test_each_positive_carries_its_weight_and_negatives_weigh_one(prepared_dir: Path) -> None:
+    data = load_prepared(prepared_dir, CPU)
+    pos_weight = recency_weights(data.train_age, 8.0, 10.0, np, data.train_users, data.n_users)
+    sampler = NegativeSampler(data, CPU, 4, seed=2, pos_weight=pos_weight)
+    batches = sampler.epoch(1, 500)
+    users, items, labels, weights = (np.asarray(a) for a in batches.arrays)
+    assert np.all(weights[labels == 0] == 1.0)
+    key = data.train_users.astype(np.int64) * data.n_items + data.train_items
+    pos = labels == 1
+    row = np.searchsorted(key, users[pos].astype(np.int64) * data.n_items + items[pos])
+    np.testing.assert_array_equal(weights[pos], pos_weight[row])
+    assert weights[pos].max() > 2 * weights[pos].min()
+    # The samples themselves are the unweighted sampler's, batch for batch.
+    plain = NegativeSampler(data, CPU, 4, seed=2).epoch(1, 500)
+    for a, b in zip(batches.arrays[:3], plain.arrays, strict=True):
+        np.testing.assert_array_equal(a, b)
+    got = [w for *_, w in batches]
+    assert all(isinstance(w, torch.Tensor) for w in got)
+    assert torch.equal(torch.cat(got), torch.from_numpy(weights))
+    assert all(w is None for *_, w in plain)
+
+
+def test_the_weight_changes_training_and_is_recorded(prepared_dir: Path, tmp_path: Path) -> None:
+    results = {}
+    for weight in ("0", "8"):
+        run = tmp_path / f"w{weight}"
+        res = ncf("train", prepared_dir, "--recency-weight", weight, "--epochs", "2", "--out", run,
+                  "--device", "cpu", "-q", "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        results[weight] = json.loads(res.output.strip().splitlines()[-1])
+        train = json.loads((run / "config.json").read_text())["train"]
+        assert train["recency_weight"] == float(weight) and train["recency_span"] == 10.0
+    assert results["0"]["metrics"] != results["8"]["metrics"]
+    # This dataset's times are random: the probe finds nothing, so the default is off (the run
+    # equals --recency-weight 0) and config.json says why.
+    run = tmp_path / "default"
+    res = ncf("train", prepared_dir, "--epochs", "2", "--out", run, "--device", "cpu", "-q",
+              "--json")  # fmt: skip
+    assert json.loads(res.output.strip().splitlines()[-1])["metrics"] == results["0"]["metrics"]
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["recency_weight"] == 0.0
+    assert config["recency_probe"]["on"] is False and config["recency_probe"]["z"] < PROBE_Z
+
+
+def _eras(tmp_path: Path, shuffle_times: bool) -> Path:
+    """400 users, 120 items in 12 eras of 10. Each user takes 5 items of a starting era, then 5
+    of the next, in time order; the held-out items are the next era's. With shuffle_times the
+    same events get random times: no order left."""
+    rng = np.random.default_rng(5)
+    lines = ["user,item,timestamp"]
+    for u in range(400):
+        era = int(rng.integers(0, 11))
+        picks = [*rng.choice(10, 5, replace=False) + 10 * era,
+                 *rng.choice(10, 7, replace=False) + 10 * (era + 1)]  # fmt: skip
+        times = rng.permutation(12) if shuffle_times else np.arange(12)
+        lines += [f"u{u},i{item},{1000 + t}" for item, t in zip(picks, times, strict=True)]
+    src = tmp_path / ("shuffled.csv" if shuffle_times else "eras.csv")
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / src.stem
+    res = ncf("prepare", src, "--out", out, "--eval-negatives", "20", "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_the_probe_turns_the_default_on_only_where_time_says_something(tmp_path: Path) -> None:
+    ordered = probe(load_prepared(_eras(tmp_path, False), CPU), np)
+    shuffled = probe(load_prepared(_eras(tmp_path, True), CPU), np)
+    assert ordered is not None and shuffled is not None
+    assert ordered.on and ordered.z >= PROBE_Z and ordered.users >= 300
+    assert not shuffled.on and shuffled.z < PROBE_Z
+    run = tmp_path / "run"
+    res = ncf("train", tmp_path / "eras", "--epochs", "1", "--out", run, "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["recency_weight"] == 8.0 and config["recency_probe"]["on"] is True
+    # The user's value is used as given: no probe, nothing recorded for it.
+    run = tmp_path / "given"
+    res = ncf("train", tmp_path / "shuffled", "--recency-weight", "3", "--epochs", "1", "--out",
+              run, "--device", "cpu", "-q")  # fmt: skip
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["recency_weight"] == 3.0 and "recency_probe" not in config
+
+
+def test_without_validation_the_default_stays_off(tmp_path: Path) -> None:
+    out = _prepare(tmp_path, EVENTS, "--no-validation")
+    assert probe(load_prepared(out, CPU), np) is None
+    run = tmp_path / "run"
+    res = ncf("train", out, "--epochs", "1", "--out", run, "--device", "cpu", "-q")
+    assert res.exit_code == 0, res.output
+    assert json.loads((run / "config.json").read_text())["train"]["recency_weight"] == 0.0
+
+
+def test_resuming_a_run_saved_before_recency_keeps_it_off() -> None:
+    saved = {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "model": "mf"}
+    cfg = resolve(TrainConfig(data_dir="d", out="r", resume=True), 90_000, 1, saved)
+    assert cfg.recency_weight == 0.0
+    fresh = resolve(TrainConfig(data_dir="d"), 90_000, 1, None)
+    assert fresh.recency_weight == 8.0 and fresh.recency_span == 10.0
+
+
+@pytest.mark.parametrize("flags", [["--recency-weight", "-1"], ["--recency-span", "0"]])
+def test_bad_values_name_the_flag(prepared_dir: Path, flags: list[str]) -> None:
+    res = ncf("train", prepared_dir, *flags, "--device", "cpu")
+    assert res.exit_code == 2 and flags[0] in res.output and "Traceback" not in res.output
+
+
+def test_als_takes_the_same_weights_and_other_baselines_refuse_them(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("implicit", reason="--model als needs the baselines extra")
+    metrics = {}
+    for weight in ("0", "8"):
+        run = tmp_path / f"als{weight}"
+        res = ncf("train", prepared_dir, "--model", "als", "--factors", "16", "--recency-weight",
+                  weight, "--out", run, "--device", "cpu", "-q", "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        metrics[weight] = json.loads(res.output.strip().splitlines()[-1])["metrics"]
+        model = json.loads((run / "config.json").read_text())["model"]
+        assert model["recency_weight"] == float(weight)
+    assert metrics["0"] != metrics["8"]
+    res = ncf("train", prepared_dir, "--model", "ease", "--recency-weight", "4", "--out",
+              tmp_path / "ease", "--device", "cpu")  # fmt: skip
+    assert res.exit_code == 2 and "--model als" in res.output
+
+
+def test_weighted_loss_under_amp(prepared_dir: Path, tmp_path: Path) -> None:
+    """The weights meet bf16 logits under autocast: the loss is taken in fp32, and finite."""
+    run = tmp_path / "amp"
+    res = ncf("train", prepared_dir, "--model", "neumf", "--factors", "8", "--layers", "16", "8",
+              "--recency-weight", "8", "--amp", "--amp-dtype", "bf16", "--epochs", "1", "--out",
+              run, "--device", "cpu", "-q", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (line,) = (run / "metrics.jsonl").read_text().splitlines()
+    loss = json.loads(line)["loss"]
+    assert loss == loss and 0 < loss < 10
