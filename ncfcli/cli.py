@@ -568,6 +568,8 @@ def train(
         ("best epoch", f"{result.best_epoch} (chosen on {result.selected_by}"
                        + (")" if result.validation else ": dataset has no validation split)")),
         ("split", result.dataset_split),
+        *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
+          if result.recency_weight or result.recency_probe else []),
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),
@@ -579,6 +581,14 @@ def train(
         ("device", f"{result.device} x {result.world_size}"),
     ]  # fmt: skip
     out_console().print(summary_table("ncf train", rows))
+
+
+def _recency_row(weight: float, probe: dict[str, Any] | None) -> str:
+    """The summary's "recency weight" value: the weight, and the probe that chose it if any."""
+    if probe is None:
+        return f"{weight:g} (--recency-weight)"
+    verdict = "time signal" if probe["on"] else "no time signal"
+    return f"{weight:g} (validation probe: z {probe['z']:.1f}, {verdict})"
 
 
 @app.command("eval", cls=NcfCommand, context_settings={"allow_extra_args": True})

@@ -380,6 +380,8 @@ class TrainResult:
     device: str
     world_size: int
     peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
+    recency_weight: float = 0.0  # the --recency-weight the run trained with
+    recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -392,6 +394,7 @@ class TrainResult:
             "validation": self.validation,
             "samples_per_second": self.samples_per_second,
             "seconds": self.seconds,
+            "recency_weight": self.recency_weight,
         }
         if self.peak_gpu_bytes is not None:
             out["peak_gpu_bytes"] = self.peak_gpu_bytes
@@ -999,7 +1002,8 @@ def _train(
         samples_per_second=train_samples / max(train_seconds, 1e-9),
         seconds=time.perf_counter() - t_start, trained_epochs=trained, stopped_early=stopped_early,
         parameters=n_params, device=backend.describe(), world_size=env.world_size,
-        peak_gpu_bytes=backend.peak_memory_bytes(),
+        peak_gpu_bytes=backend.peak_memory_bytes(), recency_weight=float(cfg.recency_weight or 0.0),
+        recency_probe=probed.to_dict() if probed is not None else None,
     )  # fmt: skip
 
 

@@ -177,10 +177,12 @@ def test_the_probe_turns_the_default_on_only_where_time_says_something(tmp_path:
     assert ordered.on and ordered.z >= PROBE_Z and ordered.users >= 300
     assert not shuffled.on and shuffled.z < PROBE_Z
     run = tmp_path / "run"
-    res = ncf("train", tmp_path / "eras", "--epochs", "1", "--out", run, "--device", "cpu", "-q")
+    res = ncf("train", tmp_path / "eras", "--epochs", "1", "--out", run, "--device", "cpu")
     assert res.exit_code == 0, res.output
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["recency_weight"] == 8.0 and config["recency_probe"]["on"] is True
+    row = next(line for line in res.output.splitlines() if "recency weight" in line)
+    assert f"8 (validation probe: z {ordered.z:.1f}, time signal)" in row
     # The user's value is used as given: no probe, nothing recorded for it.
     run = tmp_path / "given"
     res = ncf("train", tmp_path / "shuffled", "--recency-weight", "3", "--epochs", "1", "--out",
