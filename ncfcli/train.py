@@ -297,14 +297,20 @@ def parse_layers(text: str | None) -> tuple[int, ...] | None:
 
 
 def resolve(
-    cfg: TrainConfig, n_train: int, world_size: int, saved: dict[str, Any] | None
+    cfg: TrainConfig,
+    n_train: int,
+    world_size: int,
+    saved: dict[str, Any] | None,
+    n_users: int | None = None,
 ) -> TrainConfig:
     """Fill every None: from the resumed run's config when there is one, else the size defaults.
 
     On resume, an option in FIXED_ON_RESUME given with another value than the run's is refused.
     """
     fill = (
-        size_defaults(n_train) if saved is None else {**size_defaults(n_train), **LEGACY, **saved}
+        size_defaults(n_train, n_users)
+        if saved is None
+        else {**size_defaults(n_train, n_users), **LEGACY, **saved}
     )
     if saved is not None:
         for name, why in FIXED_ON_RESUME.items():
@@ -713,7 +719,7 @@ def _train(
     replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
     given_recency = cfg.recency_weight
-    cfg = resolve(cfg, n_train, env.world_size, saved)
+    cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
     probed = None
     if cfg.recency_weight and given_recency is None and saved is None:
         # The size default says "on": the validation split decides whether time says anything.
