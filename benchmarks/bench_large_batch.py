@@ -2,8 +2,8 @@
 
 On MovieLens-100K as `ncf prepare` splits it (validation and test), trains `ncf train DATA`
 with no flag but the batch (the learning-rate rule of ncfcli.train.batch_lr picks lr and
-warm-up) at the default batch (2^14), 2^16 and 2^17 global (about 26 and 13 steps an epoch at
-the default 16 negatives; 14 and 7 at 8), and
+warm-up) at the default batch (2^14), 2^16 and 2^17 global (49 and 25 steps an epoch at the
+default 32 negatives; 14 and 7 at 8), and
 with `--nproc N --scaling weak --batch-size 16384` (gloo CPU workers; global 2^14 x N). Each
 run's validation-chosen epoch is scored on the test split. Prints test HR@10 / NDCG@10
 (sampled and full ranking) as median/min/max over the seeds, and exits 1 when a configuration's

@@ -247,8 +247,14 @@ def _als(
     )
 
 
-def fit(cfg: BaselineConfig, data: Any, backend: Any, seed: int = 0) -> tuple[Baseline, float]:
-    """Fit the baseline `cfg.kind` on `data`'s training positives; (model, seconds)."""
+def fit(
+    cfg: BaselineConfig, data: Any, backend: Any, seed: int = 0, pos_weight: Any = None
+) -> tuple[Baseline, float]:
+    """Fit the baseline `cfg.kind` on `data`'s training positives; (model, seconds).
+
+    `pos_weight` (per training positive, on the device; als only) scales each positive's
+    confidence: train.py passes the recency weights when `cfg.recency_weight` is set.
+    """
     t0 = time.perf_counter()
     offsets, items = _csr(data, backend)
     n_users, n_items = cfg.n_users, cfg.n_items
@@ -263,14 +269,8 @@ def fit(cfg: BaselineConfig, data: Any, backend: Any, seed: int = 0) -> tuple[Ba
         weights = _ease(offsets, items, n_users, n_items, cfg.ease_lambda)
         tensors = {"offsets": offsets, "items": items, "weights": weights}
     elif cfg.kind == "als":
-        weights = None
-        if cfg.recency_weight:
-            from ncfcli.recency import recency_weights
-
-            w = recency_weights(data.train_age, cfg.recency_weight, cfg.recency_span, backend.xp,
-                                data.train_users, n_users)  # fmt: skip
-            weights = backend.to_numpy(w)
-        user_f, item_f = _als(offsets, items, n_users, n_items, cfg, seed, weights)
+        scale = None if pos_weight is None else backend.to_numpy(pos_weight)
+        user_f, item_f = _als(offsets, items, n_users, n_items, cfg, seed, scale)
         tensors = {"user_factors": user_f, "item_factors": item_f}
     else:
         raise NcfError(f"--model {cfg.kind!r} is not a baseline ({', '.join(KINDS)})", 2)
