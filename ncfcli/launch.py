@@ -482,7 +482,12 @@ if sys.platform.startswith("linux"):
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: get SIGTERM if the launcher dies (e.g. kill -9), never orphan."""
+    """In the child before exec: get SIGTERM if the launcher dies (e.g. kill -9), never orphan;
+    and hear SIGINT and SIGTERM even when the launcher was started with them ignored (a
+    script's `ncf train --nproc 2 &` ignores SIGINT, and exec keeps an ignored signal ignored):
+    they are how the launcher asks a worker to checkpoint and stop."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
     if _LIBC is not None:
         _LIBC.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 

@@ -208,8 +208,11 @@ def test_a_rank_dying_between_collectives_is_named_not_its_peer(tmp_path: Path) 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_reaches_every_worker_once(tmp_path: Path, sig: int) -> None:
+    # The launcher hears Ctrl-C as a terminal's foreground job does, even when this test
+    # runner was started with SIGINT ignored (a background job of a script).
     proc = subprocess.Popen([sys.executable, str(DRIVER), "2", "sigint", str(tmp_path)],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 30
     while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None
@@ -218,6 +221,24 @@ def test_interrupt_reaches_every_worker_once(tmp_path: Path, sig: int) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert err == "error: interrupted; checkpoint saved\n"  # rank 0's own message, once
+    assert (tmp_path / "interrupted0").exists() and (tmp_path / "interrupted1").exists()
+
+
+def test_workers_hear_the_launcher_when_sigint_was_ignored(tmp_path: Path) -> None:
+    """Started with SIGINT ignored (what a script's `ncf train --nproc 2 &` inherits), the
+    launcher still gets its workers to stop cleanly on SIGTERM: they must not inherit the ignore."""
+    ignore = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+              "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", ignore, str(DRIVER), "2", "sigint",
+                             str(tmp_path)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130
+    assert err == "error: interrupted; checkpoint saved\n"
     assert (tmp_path / "interrupted0").exists() and (tmp_path / "interrupted1").exists()
 
 
