@@ -350,9 +350,9 @@ def batch_lr(lr_ref: float, global_batch: int, ref_batch: int) -> tuple[float, i
     issue 10). On ml-100k's validation split, NeuMF at 8 negatives did best with lr x k, the
     default MF at 16 negatives with lr x k^0.75 (linear peaked too early at 2^17), hence
     LR_SCALE_POWER, up to LR_SCALE_CAP (x16 lost 0.02); it also holds for the 0.2 default (32
-    negatives, recency weights): 2^16 and 2^17 within 0.01 test HR@10 over 3 seeds. A linear warm-up from 0 over
-    LR_WARMUP_EPOCHS (Goyal et al., 2017) is available; with 7 to 26 steps an epoch it cost
-    more than it saved, so it is 0. Smaller batches keep the reference lr. A --lr given by
+    negatives, recency weights): 2^16 and 2^17 within 0.01 test HR@10 over 3 seeds. A linear
+    warm-up from 0 over LR_WARMUP_EPOCHS (Goyal et al., 2017) is available; with 7 to 26 steps
+    an epoch it cost more than it saved, so it is 0. Smaller batches keep the reference lr. A --lr given by
     the user bypasses this.
     """
     k = global_batch / ref_batch
