@@ -75,10 +75,9 @@ def probe(data: Any, xp: Any, seed: int = 0) -> Probe | None:
     age = to_host(data.train_age, xp)
     valid_users = to_host(data.valid_users, xp)
     valid_items = to_host(data.valid_items, xp)
-    n_users, n_items = data.n_users, data.n_items
+    n_items = data.n_items
     # CSR by user (rows are sorted by user) and CSC by item, on the host: a sample of users only.
-    offsets = np.zeros(n_users + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum(np.bincount(users, minlength=n_users))
+    offsets = to_host(data.user_offsets(xp), xp)
     by_item = np.argsort(items, kind="stable")
     item_offsets = np.zeros(n_items + 1, dtype=np.int64)
     item_offsets[1:] = np.cumsum(np.bincount(items, minlength=n_items))

@@ -27,11 +27,14 @@ def ncf(*args: Any) -> Any:
     return runner.invoke(app, [str(a) for a in args])
 
 
-def _prepare(tmp_path: Path, text: str, *flags: str) -> Path:
-    src = tmp_path / "events.csv"
+def _prepare(
+    tmp_path: Path, text: str, *flags: str, name: str = "data", negatives: int = 1
+) -> Path:
+    src = tmp_path / f"{name}.csv"
     src.write_text(text)
-    out = tmp_path / "data"
-    args = ["prepare", src, "--out", out, "--eval-negatives", "1", "--device", "cpu", "-q", *flags]
+    out = tmp_path / name
+    args = ["prepare", src, "--out", out, "--eval-negatives", str(negatives), "--device", "cpu",
+            "-q", *flags]  # fmt: skip
     res = ncf(*args)
     assert res.exit_code == 0, res.output
     return out
@@ -162,12 +165,8 @@ def _eras(tmp_path: Path, shuffle_times: bool) -> Path:
                  *rng.choice(10, 7, replace=False) + 10 * (era + 1)]  # fmt: skip
         times = rng.permutation(12) if shuffle_times else np.arange(12)
         lines += [f"u{u},i{item},{1000 + t}" for item, t in zip(picks, times, strict=True)]
-    src = tmp_path / ("shuffled.csv" if shuffle_times else "eras.csv")
-    src.write_text("\n".join(lines) + "\n")
-    out = tmp_path / src.stem
-    res = ncf("prepare", src, "--out", out, "--eval-negatives", "20", "--device", "cpu", "-q")
-    assert res.exit_code == 0, res.output
-    return out
+    name = "shuffled" if shuffle_times else "eras"
+    return _prepare(tmp_path, "\n".join(lines) + "\n", name=name, negatives=20)
 
 
 def test_the_probe_turns_the_default_on_only_where_time_says_something(tmp_path: Path) -> None:

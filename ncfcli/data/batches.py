@@ -254,10 +254,9 @@ class NegativeSampler:
                 weights[s : s + step] = xp.where(neg, xp.float32(1.0), self.pos_weight[pair])
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
-        if weights is None:
-            return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels))
-        return EpochBatches(*tensors, batch_size=batch_size,
-                            arrays=(users, items, labels, weights), weights=be.to_torch(weights))  # fmt: skip
+        kept = (users, items, labels) + ((weights,) if weights is not None else ())
+        return EpochBatches(*tensors, batch_size=batch_size, arrays=kept,
+                            weights=be.to_torch(weights) if weights is not None else None)  # fmt: skip
 
 
 # ---- counter-based randomness: the same numbers on every rank and backend ----------------------
