@@ -44,10 +44,17 @@ ALS_GRID = [  # factors, reg, alpha, iterations
 METRICS = ("hr@10", "ndcg@10")
 
 
-def held_out_metrics(run: Path, split: str = "test") -> dict[str, float]:
+def held_out_metrics(
+    run: Path,
+    split: str = "test",
+    protocols: tuple[str, ...] = ("sampled", "full"),
+    device: str = "auto",
+) -> dict[str, float]:
     out = {}
-    for proto, extra in (("sampled", []), ("full", ["--full-ranking"])):
-        m = ncf_json("eval", str(run), "--split", split, "--k", "10", *extra)["metrics"]
+    for proto in protocols:
+        extra = ["--full-ranking"] if proto == "full" else []
+        m = ncf_json("eval", str(run), "--split", split, "--k", "10", "--device", device,
+                     *extra)["metrics"]  # fmt: skip
         out.update({f"{proto} {k}": m[k] for k in METRICS})
     return out
 

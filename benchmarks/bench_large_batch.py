@@ -11,11 +11,20 @@ median HR@10 (sampled) is more than --tolerance (0.01) below the default batch's
 
     python benchmarks/bench_large_batch.py --seeds 0 1 2 --nproc 4 8
     python benchmarks/bench_large_batch.py --extra "--lr 0.004"   # the lr as given, no rule
+
+`--prepared DIR` runs the same comparison on any prepared dataset, against its size tier's
+default batch: on the ml-20m synthetic preset (what benchmarks/device_check.sh runs on a GPU),
+2^23 against NVIDIA's 2^20, the large batch in micro-batches of 2^20 (one GPU's memory):
+
+    ncf prepare synthetic --preset ml-20m --out /tmp/ml20m-syn
+    python benchmarks/bench_large_batch.py --prepared /tmp/ml20m-syn --device cuda --seeds 0 \
+        --batches 8388608 --micro-batch 1048576 --nproc --epochs 8 --sampled-only
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import sys
@@ -37,10 +46,18 @@ def main() -> None:
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--no-default", action="store_true", help="skip the default-batch runs")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
+    p.add_argument("--prepared", help="a prepared dataset to use instead of MovieLens-100K")
+    p.add_argument("--micro-batch", type=int, help="--micro-batch of the large-batch runs")
+    p.add_argument("--epochs", type=int, help="--epochs of every run (default: the tier's)")
+    p.add_argument("--device", default="cpu", help="--device of every run and evaluation")
+    p.add_argument("--sampled-only", action="store_true", help="skip full-ranking evaluation")
     a = p.parse_args()
     print(machine(), flush=True)
-    configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch 2^14", [])]
-    configs += [(f"--batch-size {b}", ["--batch-size", str(b)]) for b in a.batches]
+    common = ["--device", a.device] + (["--epochs", str(a.epochs)] if a.epochs else [])
+    micro = ["--micro-batch", str(a.micro_batch)] if a.micro_batch else []
+    configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch", [])]
+    configs += [(f"--batch-size {b}" + (f" --micro-batch {a.micro_batch}" if micro else ""),
+                 ["--batch-size", str(b), *micro]) for b in a.batches]  # fmt: skip
     configs += [
         (f"--nproc {n} --scaling weak --batch-size 16384",
          ["--nproc", str(n), "--scaling", "weak", "--batch-size", "16384"])
@@ -49,20 +66,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ncf-lb-") as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        data = prepare("ml-100k", work, a.data)
+        data = Path(a.prepared) if a.prepared else prepare("ml-100k", work, a.data)
+        protocols = ("sampled",) if a.sampled_only else ("sampled", "full")
         results: dict[str, list[dict[str, float]]] = {}
         for name, flags in configs:
             extra = shlex.split(a.extra) if flags else []
             for seed in a.seeds:
                 run = work / f"lb-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
-                res = ncf_json(
-                    "train", str(data), "--seed", str(seed), "--out", str(run), *flags, *extra
-                )
-                val = held_out_metrics(run, "validation")
-                row = held_out_metrics(run)
+                res = ncf_json("train", str(data), "--seed", str(seed), "--out", str(run),
+                               *common, *flags, *extra)  # fmt: skip
+                lr = json.loads((run / "config.json").read_text())["train"]["lr"]
+                val = held_out_metrics(run, "validation", protocols, a.device)
+                row = held_out_metrics(run, "test", protocols, a.device)
                 results.setdefault(name, []).append(row)
-                print(f"{name} {' '.join(extra)} seed {seed}: epoch {res['best_epoch']}/"
+                print(f"{name} {' '.join(extra)} seed {seed}: lr {lr:.4g}, epoch {res['best_epoch']}/"
                       f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; "
                       "validation " + " ".join(f"{k} {x:.4f}" for k, x in val.items())
                       + "; test " + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip

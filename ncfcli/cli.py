@@ -411,6 +411,13 @@ def train(
     batch_size: int | None = _opt(
         "Global batch (per GPU with --scaling weak).", "--batch-size", "-b", panel=OPTIM
     ),
+    micro_batch: int | None = _opt(
+        "Most samples per forward/backward: a larger batch sums its gradient over slices of "
+        "this size (same step, less memory).",
+        "--micro-batch",
+        panel=OPTIM,
+        default="the whole batch",
+    ),  # fmt: skip
     lr: float | None = _opt(
         "Adam learning rate.",
         "--lr",
@@ -550,7 +557,8 @@ def train(
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
         lr_decay=lr_decay, als_reg=als_reg, als_alpha=als_alpha, als_iterations=als_iterations,
         ease_lambda=ease_lambda, knn_neighbours=knn_neighbours, knn_shrink=knn_shrink,
-        eval_batch=eval_batch, keep_checkpoints=keep_checkpoints, tensorboard=tensorboard,
+        micro_batch=micro_batch, eval_batch=eval_batch, keep_checkpoints=keep_checkpoints,
+        tensorboard=tensorboard,
     )  # fmt: skip
     env = env_from_environ()
     progress = epoch_progress(err_console(), disable=quiet or not env.is_main)

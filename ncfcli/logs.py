@@ -47,7 +47,12 @@ def check_tensorboard() -> None:
 def _value(key: str, v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "-".join(str(x) for x in v)
-    if key in ("batch_size", "eval_batch") and isinstance(v, int) and v > 0 and v & (v - 1) == 0:
+    if (
+        key in ("batch_size", "micro_batch", "eval_batch")
+        and isinstance(v, int)
+        and v > 0
+        and v & (v - 1) == 0
+    ):
         return f"2^{v.bit_length() - 1}"
     if isinstance(v, float):
         return f"{v:g}"

@@ -45,6 +45,13 @@ batch, the lr is the tier's lr x min(k^0.75, LR_SCALE_CAP) (`batch_lr`; runs in
 docs/training-defaults.md); `--warmup-epochs N` ramps it up linearly from 0 over N epochs.
 A `--lr` given is used as given (with no warm-up unless `--warmup-epochs` asks for one).
 
+Gradient accumulation (`--micro-batch M`): each rank feeds its batch forward and backward in
+slices of at most M samples, each adding its share of the batch's loss to the gradients, and
+DDP all-reduces once, on the last slice (`_step_gradients`). The optimizer steps, the lr rule
+and the results are the batch's, up to float summation order (with dropout, the masks differ),
+so a global batch larger than memory takes the same steps on fewer GPUs. NVIDIA's
+`--grads_accumulated K --batch-size B` is `--batch-size K*B --micro-batch B/ranks` here.
+
 Seeds: the model is initialised from `seed`; each epoch's samples (order and negatives) are a
 function of (seed, epoch) alone, the same at any world size and on any backend (batches.py),
 and dropout comes from (seed, epoch, rank, step), on the CPU's or the GPU's generator. So an
@@ -53,8 +60,8 @@ CPU one seed gives the same bytes; a resumed run equals an uninterrupted one, al
 stopped mid-epoch (the checkpoint holds no generator state).
 
 `--resume` may change the learning rate and its schedule (--lr, --lr-decay, --warmup-epochs),
-Adam's --beta1/--beta2/--eps, --l2, --epochs, --target-hr, --tf32, --eval-batch and
---keep-checkpoints: each applies from the next step, each metrics.jsonl row carries the lr of
+Adam's --beta1/--beta2/--eps, --l2, --epochs, --target-hr, --tf32, --micro-batch, --eval-batch
+and --keep-checkpoints: each applies from the next step, each metrics.jsonl row carries the lr of
 its first and last step (`lr`, `lr_end`), and config.json's `resumes` lists every resume as
 {"epoch": epochs done, "step": steps done in the next one, "changed": {option: [old, new]}}.
 The options in FIXED_ON_RESUME are refused with one line naming the flag.
@@ -65,6 +72,7 @@ every optimizer step and stop if they differ.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -173,6 +181,7 @@ class TrainConfig:
     ease_lambda: float | None = None  # ease: L2 regularisation of the item-item weights
     knn_neighbours: int | None = None  # itemknn: most similar items kept per item
     knn_shrink: float | None = None  # itemknn: shrinkage of the cosine similarity
+    micro_batch: int | None = None  # most samples per forward/backward (gradient accumulation)
     eval_batch: int | None = None  # most (user, item) rows scored at once in evaluation
     keep_checkpoints: int | None = None  # per-epoch checkpoints kept (last.pt, best.pt always)
     tensorboard: bool = False  # TensorBoard scalars in RUN_DIR/tensorboard (ncfcli/logs.py)
@@ -253,6 +262,12 @@ class TrainConfig:
                 self.lr_decay,
                 self.lr_decay is None or self.lr_decay in LR_DECAYS,
                 "one of " + ", ".join(LR_DECAYS),
+            ),
+            (
+                "--micro-batch",
+                self.micro_batch,
+                self.micro_batch is None or self.micro_batch >= 1,
+                ">= 1",
             ),
             (
                 "--eval-batch",
@@ -541,6 +556,47 @@ class _CpuAdam:
             self.exp_avg_sq[k].copy_(st["exp_avg_sq"])
 
 
+def _step_gradients(
+    ddp: torch.nn.Module,
+    model: Any,
+    users: torch.Tensor,
+    items: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    cfg: TrainConfig,
+    amp_ctx: Any,
+    scaler: torch.amp.GradScaler,
+) -> torch.Tensor:
+    """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
+    gradients, in slices of at most cfg.micro_batch samples (gradient accumulation: each slice
+    adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
+    DDP all-reduces once, on the last slice. Returns the batch's loss, detached."""
+    n = labels.shape[0]
+    size = min(n, cfg.micro_batch or n)
+    total = torch.zeros((), dtype=torch.float32, device=labels.device)
+    no_sync: Any = getattr(ddp, "no_sync", None)  # DistributedDataParallel's
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+        sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
+        w = weights[lo:hi] if weights is not None else None
+        with sync:
+            with amp_ctx():
+                logits = ddp(users[lo:hi], items[lo:hi])
+                if size == n:  # one slice: the mean, as a plain step computes it
+                    loss = F.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
+                else:
+                    part = labels[lo:hi]
+                    loss = F.binary_cross_entropy_with_logits(
+                        logits.float(), part, weight=w, reduction="sum"
+                    ).div(n)
+                if cfg.l2:
+                    # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
+                    loss = loss + cfg.l2 * model.row_sq_sum(users[lo:hi], items[lo:hi]) / n
+            scaler.scale(loss).backward()
+        total += loss.detach()
+    return total
+
+
 def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
     with sampler.backend.build_stream():
         return sampler.epoch(epoch, batch_size)
@@ -688,8 +744,8 @@ def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) ->
     except Exception as e:
         if _is_oom(e):
             raise NcfError(
-                f"out of GPU memory on {backend.torch_device}: lower --batch-size, --eval-batch "
-                "or the model (--factors, --layers), or add --amp"
+                f"out of GPU memory on {backend.torch_device}: add --micro-batch (the same steps in "
+                "less memory), lower --batch-size, --eval-batch or the model (--factors, --layers), or add --amp"
             ) from None
         raise
     finally:
@@ -918,17 +974,10 @@ def _train(
                 lr_first = lr_now if lr_first is None else lr_first
                 for g in optimizer.param_groups:
                     g["lr"] = lr_now
-                with amp_ctx():
-                    logits = ddp(users, items)
-                    loss = F.binary_cross_entropy_with_logits(
-                        logits.float(), labels, weight=weights
-                    )
-                    if cfg.l2:
-                        # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
-                        reg = model.row_sq_sum(users, items)
-                        loss = loss + cfg.l2 * reg / labels.shape[0]
                 optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
+                loss = _step_gradients(
+                    ddp, model, users, items, labels, weights, cfg, amp_ctx, scaler
+                )
                 scaler.step(optimizer)
                 scaler.update()
                 step += 1

@@ -295,6 +295,22 @@ def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
     assert last_two["loss"] == pytest.approx(last_one["loss"], rel=1e-3)
 
 
+def test_two_workers_in_micro_batches_match_one_process(
+    runs: dict[str, Path], prepared_dir: Path, tmp_path: Path
+) -> None:
+    # Each rank's 256-sample share in slices of 100: DDP skips the all-reduce on the first two
+    # slices (no_sync) and sums the accumulated gradients on the third; the ranks stay equal
+    # after every step (NCF_CHECK_SYNC) and the run matches one process.
+    run = tmp_path / "micro"
+    train_json(ncf("train", str(prepared_dir), "--out", str(run), "--epochs", str(EPOCHS), *TINY,
+                   "--nproc", "2", "--micro-batch", "100", "--json", "-q", check_sync=True))  # fmt: skip
+    one, micro = history(runs["one"])[-1], history(run)[-1]
+    for split in ("validation", "test"):
+        assert abs(micro[split]["hr@10"] - one[split]["hr@10"]) <= 0.01, (split, one, micro)
+        assert abs(micro[split]["ndcg@10"] - one[split]["ndcg@10"]) <= 0.01, (split, one, micro)
+    assert micro["loss"] == pytest.approx(one["loss"], rel=1e-3)
+
+
 def test_evaluation_split_over_ranks_equals_one_process(runs: dict[str, Path]) -> None:
     # the 2-rank evaluation of the last epoch (sums reduced over ranks) against a 1-process
     # evaluation of the very same weights
