@@ -5,7 +5,9 @@ user), `ncf prepare` holds out each user's latest item (test) and second-latest 
 each with 100 sampled negatives. Then:
 
 - ALS (`ncf train --model als`): every point of a small grid is fitted and scored on
-  validation; the best (sampled HR@10 + full-ranking HR@10) is scored on test;
+  validation, and while the best (sampled HR@10 + full-ranking HR@10) is on an edge of the
+  values searched (factors, reg or alpha), the search steps outwards on that axis; the best
+  is scored on test;
 - NCF: `ncf train DATA` with no tuning flag (the defaults under test, or `--ncf-args`), once
   per seed; the epoch best on validation (best.pt) is scored on test;
 - for reference (not the target): when NCF's recipe weighs recent positives more
@@ -41,6 +43,10 @@ SPARSE = ["synthetic", "--users", "10000", "--items", "3000", "--interactions", 
 ALS_GRID = [  # factors, reg, alpha, iterations
     (f, reg, alpha, 15) for f in (64, 256) for reg in (3.0, 30.0) for alpha in (1.0, 5.0, 20.0)
 ]
+# Widening (tune_als): per axis (factors, reg, alpha) the step down, the step up and the
+# smallest value; iterations stay as given.
+WIDEN = ((2.0, 2.0, 8.0), (10 / 3, 10 / 3, 0.1), (4.0, 4.0, 0.25))
+WIDEN_STEPS = 4
 METRICS = ("hr@10", "ndcg@10")
 
 
@@ -69,22 +75,53 @@ def prepare(name: str, work: Path, ml100k: str | None = None) -> Path:
 
 
 def tune_als(
-    data: Path, work: Path, grid: list[tuple[int, float, float, int]], extra: tuple[str, ...] = ()
+    data: Path,
+    work: Path,
+    grid: list[tuple[int, float, float, int]],
+    extra: tuple[str, ...] = (),
+    widen: bool = True,
 ) -> tuple[Any, Path]:
-    best: tuple[float, Any, Path] | None = None
-    for f, reg, alpha, it in grid:
+    """ALS's best point on validation (sampled HR@10 + full HR@10) over `grid`, then, while the
+    best sits on an edge of the searched values of factors, reg or alpha, one more step
+    outwards on that axis (factors x2 or /2, reg and alpha x~3 or /~3) around the best point, so
+    the baseline is never left at a corner of a grid that was too small (at most WIDEN_STEPS)."""
+    scores: dict[tuple[int, float, float, int], tuple[float, Path]] = {}
+
+    def fit(point: tuple[int, float, float, int]) -> None:
+        if point in scores:
+            return
+        f, reg, alpha, it = point
         run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
         ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run),
             *extra)  # fmt: skip
         v = held_out_metrics(run, "validation")
-        score = v["sampled hr@10"] + v["full hr@10"]
-        print(f"  als f={f} reg={reg} alpha={alpha} it={it}: validation "
+        scores[point] = (v["sampled hr@10"] + v["full hr@10"], run)
+        print(f"  als f={f} reg={reg:g} alpha={alpha:g} it={it}: validation "
               + " ".join(f"{k} {x:.4f}" for k, x in v.items()), flush=True)  # fmt: skip
-        if best is None or score > best[0]:
-            best = (score, (f, reg, alpha, it), run)
-    assert best is not None
-    return best[1], best[2]
+
+    for point in grid:
+        fit(point)
+    for _ in range(WIDEN_STEPS if widen else 0):
+        best = max(scores, key=lambda q: scores[q][0])
+        moves = []
+        for axis, (down, up, floor) in enumerate(WIDEN):
+            values = sorted({q[axis] for q in scores})
+            if len(values) < 2:  # a single value was asked for: not an axis to search
+                continue
+            if best[axis] == values[0] and best[axis] / down >= floor:
+                moves.append((axis, best[axis] / down))
+            elif best[axis] == values[-1]:
+                moves.append((axis, best[axis] * up))
+        if not moves:
+            break
+        for axis, value in moves:
+            q = list(best)
+            q[axis] = int(value) if axis == 0 else round(value, 4)
+            print(f"  the best is on an edge of the grid: widening towards {tuple(q)}")
+            fit((int(q[0]), float(q[1]), float(q[2]), int(q[3])))
+    best = max(scores, key=lambda q: scores[q][0])
+    return best, scores[best][1]
 
 
 def summary(rows: list[dict[str, float]]) -> dict[str, tuple[float, float, float]]:

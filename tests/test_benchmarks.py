@@ -7,11 +7,14 @@ a path given with --data, or one error line naming all three places and exit sta
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,3 +61,38 @@ def test_the_ncf_cache_then_data_are_used(tmp_path: Path) -> None:
     assert res.returncode == 0 and res.stdout.strip() == str(given)
     res = _locate(clone, tmp_path / "cache", str(tmp_path / "missing"))
     assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_the_als_search_walks_off_the_edge_of_its_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_accuracy's ALS baseline is not left at a corner of its grid: with validation
+    scores that peak at 16 factors (below the grid's 64 and 256), the search steps outwards
+    (32, 16, 8) until the best is interior, and a single given point is not widened."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_accuracy
+
+    fitted: list[tuple[int, float, float]] = []
+
+    def fake_ncf_json(*args: str) -> dict:
+        flags = dict(zip(args[2::2], args[3::2], strict=False))
+        fitted.append(
+            (int(flags["--factors"]), float(flags["--als-reg"]), float(flags["--als-alpha"]))
+        )
+        return {}
+
+    def fake_metrics(run: Path, split: str = "test", *rest: object) -> dict[str, float]:
+        f, reg, alpha = fitted[-1]
+        score = -abs(math.log2(f / 16)) - abs(math.log10(reg / 30)) - abs(math.log2(alpha / 2.5))
+        return {"sampled hr@10": 0.5 + 0.01 * score, "full hr@10": 0.1}
+
+    monkeypatch.setattr(bench_accuracy, "ncf_json", fake_ncf_json)
+    monkeypatch.setattr(bench_accuracy, "held_out_metrics", fake_metrics)
+    grid = [(f, reg, a, 15) for f in (64, 256) for reg in (3.0, 30.0) for a in (1.0, 5.0, 20.0)]
+    best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, grid)
+    assert best == (16, 30.0, 5.0, 15)
+    assert (32, 30.0, 5.0) in fitted and (16, 30.0, 5.0) in fitted and (8, 30.0, 5.0) in fitted
+    assert len(fitted) == len(set(fitted))  # no point fitted twice
+    fitted.clear()
+    best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, [(64, 30.0, 5.0, 15)])
+    assert best == (64, 30.0, 5.0, 15) and len(fitted) == 1
