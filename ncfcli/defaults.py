@@ -15,7 +15,7 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
     (200_000, "< 200k (ml-100k)",
      {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
-      "l2": 1e-3, "recency_weight": 8.0}),
+      "l2": 1e-3, "recency_weight": 16.0}),
     (5_000_000, "< 5M (ml-1m)",
      {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),

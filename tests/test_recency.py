@@ -16,11 +16,15 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import load_prepared
+from ncfcli.defaults import size_defaults
 from ncfcli.recency import PROBE_Z, probe, recency_weights
 from ncfcli.train import TrainConfig, resolve
 
 runner = CliRunner()
 CPU = get_backend("cpu")
+DEFAULT_W = size_defaults(90_000)[
+    "recency_weight"
+]  # the small-data default, when the probe says on
 
 
 def ncf(*args: Any) -> Any:
@@ -179,9 +183,9 @@ def test_the_probe_turns_the_default_on_only_where_time_says_something(tmp_path:
     res = ncf("train", tmp_path / "eras", "--epochs", "1", "--out", run, "--device", "cpu")
     assert res.exit_code == 0, res.output
     config = json.loads((run / "config.json").read_text())
-    assert config["train"]["recency_weight"] == 8.0 and config["recency_probe"]["on"] is True
+    assert config["train"]["recency_weight"] == DEFAULT_W and config["recency_probe"]["on"] is True
     row = next(line for line in res.output.splitlines() if "recency weight" in line)
-    assert f"8 (validation probe: z {ordered.z:.1f}, time signal)" in row
+    assert f"{DEFAULT_W:g} (validation probe: z {ordered.z:.1f}, time signal)" in row
     # The user's value is used as given: no probe, nothing recorded for it.
     run = tmp_path / "given"
     res = ncf("train", tmp_path / "shuffled", "--recency-weight", "3", "--epochs", "1", "--out",
@@ -204,7 +208,7 @@ def test_resuming_a_run_saved_before_recency_keeps_it_off() -> None:
     cfg = resolve(TrainConfig(data_dir="d", out="r", resume=True), 90_000, 1, saved)
     assert cfg.recency_weight == 0.0
     fresh = resolve(TrainConfig(data_dir="d"), 90_000, 1, None)
-    assert fresh.recency_weight == 8.0 and fresh.recency_span == 10.0
+    assert fresh.recency_weight == DEFAULT_W > 0 and fresh.recency_span == 10.0
 
 
 @pytest.mark.parametrize("flags", [["--recency-weight", "-1"], ["--recency-span", "0"]])
