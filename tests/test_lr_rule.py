@@ -67,18 +67,19 @@ def test_the_run_records_the_resolved_lr(prepared_dir: Path, tmp_path: Path) -> 
     assert saved["warmup_epochs"] == LR_WARMUP_EPOCHS
 
 
-def test_sparse_small_data_gets_stronger_l2_and_nothing_else_changes() -> None:
+def test_sparse_small_data_gets_stronger_l2_more_epochs_and_nothing_else_changes() -> None:
     from ncfcli.defaults import SPARSE, SPARSE_PER_USER
 
     dense, sparse = size_defaults(98_000, 943), size_defaults(90_000, 10_000)
-    assert dense["l2"] == 1e-3 and sparse["l2"] == SPARSE["l2"] == 3e-3
-    assert {k: v for k, v in sparse.items() if k != "l2"} == {
-        k: v for k, v in dense.items() if k != "l2"
+    assert dense["l2"] == 1e-3 and dense["epochs"] == 10
+    assert (sparse["l2"], sparse["epochs"]) == (SPARSE["l2"], SPARSE["epochs"]) == (4e-3, 20)
+    assert {k: v for k, v in sparse.items() if k not in SPARSE} == {
+        k: v for k, v in dense.items() if k not in SPARSE
     }
     assert size_defaults(90_000)["l2"] == 1e-3  # users unknown: the tier's value
     edge = SPARSE_PER_USER * 1000
-    assert size_defaults(edge - 1, 1000)["l2"] == 3e-3 and size_defaults(edge, 1000)["l2"] == 1e-3
+    assert size_defaults(edge - 1, 1000)["l2"] == 4e-3 and size_defaults(edge, 1000)["l2"] == 1e-3
     for n in (1_000_000, 10**8):  # the larger tiers have their own settings
         assert size_defaults(n, n)["l2"] == size_defaults(n)["l2"] == 0
     cfg = resolve(TrainConfig(data_dir="d"), 90_000, 1, None, 10_000)
-    assert cfg.l2 == 3e-3
+    assert (cfg.l2, cfg.epochs) == (4e-3, 20)
