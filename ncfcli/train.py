@@ -573,24 +573,29 @@ def _step_gradients(
     DDP all-reduces once, on the last slice. Returns the batch's loss, detached."""
     n = labels.shape[0]
     size = min(n, cfg.micro_batch or n)
+    if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
+        with amp_ctx():
+            loss = F.binary_cross_entropy_with_logits(
+                ddp(users, items).float(), labels, weight=weights
+            )
+            if cfg.l2:
+                # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
+                loss = loss + cfg.l2 * model.row_sq_sum(users, items) / n
+        scaler.scale(loss).backward()
+        return loss.detach()
     total = torch.zeros((), dtype=torch.float32, device=labels.device)
     no_sync: Any = getattr(ddp, "no_sync", None)  # DistributedDataParallel's
     for lo in range(0, n, size):
         hi = min(n, lo + size)
         sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
         w = weights[lo:hi] if weights is not None else None
-        with sync:
+        with sync:  # backward under no_sync too: it is where DDP would all-reduce
             with amp_ctx():
                 logits = ddp(users[lo:hi], items[lo:hi])
-                if size == n:  # one slice: the mean, as a plain step computes it
-                    loss = F.binary_cross_entropy_with_logits(logits.float(), labels, weight=w)
-                else:
-                    part = labels[lo:hi]
-                    loss = F.binary_cross_entropy_with_logits(
-                        logits.float(), part, weight=w, reduction="sum"
-                    ).div(n)
+                loss = F.binary_cross_entropy_with_logits(
+                    logits.float(), labels[lo:hi], weight=w, reduction="sum"
+                ).div(n)
                 if cfg.l2:
-                    # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
                     loss = loss + cfg.l2 * model.row_sq_sum(users[lo:hi], items[lo:hi]) / n
             scaler.scale(loss).backward()
         total += loss.detach()
