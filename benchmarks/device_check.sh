@@ -26,10 +26,10 @@
 #   eval-sampled HR/NDCG@1,5,10,20 on the 100 sampled negatives
 #   export       ONNX export, onnxruntime vs torch max abs difference
 #   recommend    top-10 for one user
-#   scaling      weak scaling over every GPU count the machine has (CPU: 1 and 2 workers)
 #   large-batch  the lr rule at 8x NVIDIA's batch: 2^23 (in micro-batches of 2^20) against 2^20,
 #                6 epochs each, validation-chosen test HR@10 (issue 10: within 0.01); CPU: 2^17
 #                against the ml-100k column's 2^14, one epoch, the figures not judged
+#   scaling      weak scaling over every GPU count the machine has (CPU: 1 and 2 workers)
 # In cpu mode (NCF_CHECK_DEVICE=cpu) the CUDA-only tests, prepare-cpu (it would repeat prepare)
 # and train-amp are not part of the plan, and training runs one epoch at the default batch, so
 # the run takes about a minute on 2 cores (tests/test_device_check.py runs it in CI).
@@ -48,8 +48,8 @@ BUDGET=${NCF_CHECK_BUDGET_S:-540}
 DEADLINE=$(($(date +%s) + BUDGET))
 SUMMARY="$OUT_DIR/summary.txt"
 DATA="$WORK/$SIZE"
-STEPS=(machine tests prepare prepare-cpu train-tf32 train-amp eval-full eval-sampled export recommend scaling
-  large-batch)
+STEPS=(machine tests prepare prepare-cpu train-tf32 train-amp eval-full eval-sampled export recommend
+  large-batch scaling)
 # What an earlier run of this script wrote in OUT_DIR is removed (and nothing else), so each
 # run starts clean: the step logs, runs that hold ncf's config.json, the export folder.
 for name in "${STEPS[@]}"; do rm -f "$OUT_DIR/$name.out" "$OUT_DIR/$name.log"; done
@@ -187,6 +187,16 @@ else
 fi
 
 if [ -f "$DATA/meta.json" ]; then
+  large=(--batches 8388608 --micro-batch 1048576 --epochs 6)
+  [ "$DEV" = cpu ] && large=(--batches 131072 --micro-batch 16384 --epochs 1 --tolerance 1)
+  step large-batch 200 "$PY" benchmarks/bench_large_batch.py --prepared "$DATA" --device "$DEV" \
+    --seeds 0 --nproc --sampled-only "${large[@]}" &&
+    grep -E "seed|vs default" "$OUT_DIR/large-batch.out" | sed 's/^/  /' | tee -a "$SUMMARY"
+else
+  skip large-batch "no prepared data at $DATA (the prepare step failed)"
+fi
+
+if [ -f "$DATA/meta.json" ]; then
   scale=(--scaling-device "$DEV" --scaling-data "$DATA")
   [ "$DEV" = cuda ] && scale+=(--amp)
   [ "$DEV" = cpu ] && scale+=(--scaling-batch 65536)
@@ -196,15 +206,6 @@ else
   skip scaling "no prepared data at $DATA (the prepare step failed)"
 fi
 
-if [ -f "$DATA/meta.json" ]; then
-  large=(--batches 8388608 --micro-batch 1048576 --epochs 6)
-  [ "$DEV" = cpu ] && large=(--batches 131072 --micro-batch 16384 --epochs 1 --tolerance 1)
-  step large-batch 200 "$PY" benchmarks/bench_large_batch.py --prepared "$DATA" --device "$DEV" \
-    --seeds 0 --nproc --sampled-only "${large[@]}" &&
-    grep -E "seed|vs default" "$OUT_DIR/large-batch.out" | sed 's/^/  /' | tee -a "$SUMMARY"
-else
-  skip large-batch "no prepared data at $DATA (the prepare step failed)"
-fi
 
 note ""
 note "== done: $PASSED of $PLANNED steps OK in $(($(date +%s) - DEADLINE + BUDGET)) s; summary: $SUMMARY"
