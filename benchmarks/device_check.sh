@@ -206,7 +206,6 @@ else
   skip scaling "no prepared data at $DATA (the prepare step failed)"
 fi
 
-
 note ""
 note "== done: $PASSED of $PLANNED steps OK in $(($(date +%s) - DEADLINE + BUDGET)) s; summary: $SUMMARY"
 [ "$PASSED" -eq "$PLANNED" ]
