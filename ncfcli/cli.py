@@ -625,6 +625,12 @@ def eval_run(
         rich_help_panel=EVAL,
         help="Rank against every item not in the user's training set.",
     ),  # fmt: skip
+    checkpoint: str = typer.Option(
+        "best",
+        "--checkpoint",
+        rich_help_panel=EVAL,
+        help="best (the epoch validation chose) or last (the run's last epoch).",
+    ),  # fmt: skip
     eval_batch: int | None = _eval_batch(),
     device: str = _device(),
     json_out: bool = _json(),
@@ -640,7 +646,7 @@ def eval_run(
     ks = parse_ks([*(k or []), *ctx.args]) if k else DEFAULT_KS
     data_path = resolve_prepared(data) if data is not None else None
     cfg = EvalConfig(ks=ks, full_ranking=full_ranking, batch_rows=eval_batch, data=data_path,
-                     split=split)  # fmt: skip
+                     split=split, checkpoint=checkpoint)  # fmt: skip
     report = run_eval(resolve_run(run_dir), cfg, device)
     if report.note and not quiet:
         err_console().print(f"note: {report.note}")

@@ -1,7 +1,7 @@
 """RUN_DIR/eval.json, what `ncf eval` found: `python -m json.tool RUN_DIR/eval.json`.
 
-One row per (held-out split, protocol, k, dataset), so a run folder is a complete record of its
-evaluations:
+One row per (held-out split, protocol, k, dataset, checkpoint), so a run folder is a complete
+record of its evaluations:
 
     {"kind": "ncfcli-eval", "format_version": 1, "results": [
       {"split": "test" | "validation", "protocol": "sampled" | "full ranking", "k": 10,
@@ -9,7 +9,8 @@ evaluations:
        "candidates": "...", "tie_rule": "...", "checkpoint": "best.pt", "epoch": 7,
        "dataset": "/abs/path", "fingerprint": "...", "evaluated": "2026-...+00:00"}, ...]}
 
-A new evaluation replaces the rows with its own (split, protocol, k, dataset fingerprint), keeps
+A new evaluation replaces the rows with its own (split, protocol, k, dataset fingerprint,
+checkpoint), keeps
 every other row, so `--k 5` after `--k 10` leaves both, and the sampled and full-ranking
 results sit side by side. Each row names the checkpoint (and its epoch) and the dataset it
 measured, so a row left from before a resumed run is recognisable. The file is rewritten
@@ -28,9 +29,9 @@ KIND = "ncfcli-eval"
 FORMAT_VERSION = 1
 
 
-def _key(row: dict[str, Any]) -> tuple[str, str, int, str]:
+def _key(row: dict[str, Any]) -> tuple[str, str, int, str, str]:
     return (str(row.get("split")), str(row.get("protocol")), int(row.get("k", 0)),
-            str(row.get("fingerprint")))  # fmt: skip
+            str(row.get("fingerprint")), str(row.get("checkpoint")))  # fmt: skip
 
 
 def rows_for(result: dict[str, Any], protocol: str, run: Any, data: Any) -> list[dict[str, Any]]:

@@ -50,6 +50,7 @@ class EvalConfig:
     batch_rows: int | None = None  # (user, item) pairs scored at once; None = rows_for(device)
     data: Path | None = None  # prepared dataset to evaluate on; None = the one the run trained on
     split: str = "test"  # held-out set to evaluate: test | validation
+    checkpoint: str = "best"  # best.pt (the chosen epoch) | last (the run's last checkpoint)
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -63,6 +64,8 @@ class EvalConfig:
             raise NcfError(f"--split must be test or validation, got {self.split!r}")
         if self.batch_rows is not None and self.batch_rows < 1:
             raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
+        if self.checkpoint not in ("best", "last"):
+            raise NcfError(f"--checkpoint must be best or last, got {self.checkpoint!r}")
 
     @property
     def protocol(self) -> str:
@@ -208,7 +211,7 @@ def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> Eval
     from ncfcli.checkpoint import load_run
 
     backend = get_backend(device)
-    run = load_run(run_dir, backend.torch_device)
+    run = load_run(run_dir, backend.torch_device, cfg.checkpoint)
     data, note = resolve_data(run, cfg.data, backend)
     result = evaluate(run, data, cfg, backend)
     saved, why = eval_record.save(run.path, eval_record.rows_for(result, cfg.protocol, run, data))

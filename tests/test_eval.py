@@ -117,6 +117,7 @@ def test_k_forms_agree(run_dir: Path) -> None:
         (["--full-ranking", "--k", "251"], "--k 251 is larger than the 250 candidates"),
         (["--batch-rows", "0"], "--eval-batch must be >= 1, got 0"),
         (["stray"], "unexpected argument 'stray'"),
+        (["--checkpoint", "first"], "--checkpoint must be best or last, got 'first'"),
     ],
 )
 def test_bad_options_are_one_line(run_dir: Path, args: list[str], message: str) -> None:
@@ -234,3 +235,25 @@ def test_end_to_end_after_real_train(prepared_dir: Path, tmp_path: Path) -> None
     res = ncf("export", run, "--onnx", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["max_abs_diff"] <= 1e-5
+
+
+def test_the_last_checkpoint_as_well_as_the_chosen_one(prepared_dir: Path, tmp_path: Path) -> None:
+    """`--checkpoint last` scores the run's last epoch, `best` (the default) the epoch validation
+    chose: each equals what train logged for that epoch, and eval.json keeps a row for each."""
+    run = tmp_path / "run"
+    res = ncf("train", prepared_dir, "--out", run, "--epochs", "3", "--factors", "8", "--layers",
+              "16,8", "--batch-size", "4096", "--lr", "0.05", "--device", "cpu", "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    chosen = max(rows, key=lambda r: (r["validation"]["hr@10"], r["validation"]["ndcg@10"]))
+    for which, row in (("last", rows[-1]), ("best", chosen)):
+        res = ncf("eval", run, "-k", "10", "--checkpoint", which, "--json")
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.stdout)["metrics"]
+        assert got["hr@10"] == pytest.approx(row["test"]["hr@10"], abs=1e-12), which
+        assert got["ndcg@10"] == pytest.approx(row["test"]["ndcg@10"], abs=1e-12), which
+    saved = json.loads((run / "eval.json").read_text())["results"]
+    assert {(r["checkpoint"], r["epoch"]) for r in saved} == {
+        ("checkpoints/last.pt", 3),
+        ("best.pt", chosen["epoch"]),
+    }
