@@ -21,6 +21,9 @@ or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user ru
 
     python benchmarks/bench_accuracy.py --datasets ml-100k --seeds 0 1 2
     python benchmarks/bench_accuracy.py --ncf-args "--model mf --l2 1e-4" --seeds 0 --no-als
+
+`--refit` adds, for reference, both models refitted on train + validation with what validation
+chose (ALS's point; NCF's recipe and each seed's epoch count, scored at its last epoch).
 """
 
 from __future__ import annotations
@@ -55,22 +58,26 @@ def held_out_metrics(
     split: str = "test",
     protocols: tuple[str, ...] = ("sampled", "full"),
     device: str = "auto",
+    checkpoint: str = "best",
 ) -> dict[str, float]:
     out = {}
     for proto in protocols:
         extra = ["--full-ranking"] if proto == "full" else []
         m = ncf_json("eval", str(run), "--split", split, "--k", "10", "--device", device,
-                     *extra)["metrics"]  # fmt: skip
+                     "--checkpoint", checkpoint, *extra)["metrics"]  # fmt: skip
         out.update({f"{proto} {k}": m[k] for k in METRICS})
     return out
 
 
-def prepare(name: str, work: Path, ml100k: str | None = None) -> Path:
-    """The prepared dataset (with its validation split), made once per --work directory."""
-    out = work / f"{name}-v2"
+def prepare(name: str, work: Path, ml100k: str | None = None, validation: bool = True) -> Path:
+    """The prepared dataset, with its validation split (or, validation=False, without: the
+    validation item stays a training positive), made once per --work directory."""
+    out = work / (f"{name}-v2" if validation else f"{name}-v2-noval")
     if not (out / "meta.json").exists():
         source = SPARSE if name == "sparse" else [str(find_ml100k(ml100k))]
-        ncf_json("prepare", *source, "--out", str(out))
+        ncf_json(
+            "prepare", *source, "--out", str(out), *([] if validation else ["--no-validation"])
+        )
     return out
 
 
@@ -124,6 +131,35 @@ def tune_als(
     return best, scores[best][1]
 
 
+def refit(name: str, work: Path, a: argparse.Namespace, als_params: Any,
+          chosen: list[tuple[int, int]], recipe: dict[str, Any]) -> None:  # fmt: skip
+    """For reference (not the target): both models refitted on train + validation (the dataset
+    prepared with --no-validation, where the validation item is a training positive and the test
+    item is one position after the last one, as for a model trained on everything), with what
+    validation chose: ALS's point, NCF's recipe and each seed's epoch count; NCF's test figure is
+    its last epoch (`ncf eval --checkpoint last`), so the test set still chooses nothing."""
+    data = prepare(name, work, a.data, validation=False)
+    f, reg, alpha, it = als_params
+    run = work / f"als-refit-{name}-{time.time_ns()}"
+    ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
+             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
+    als = held_out_metrics(run)
+    recency = ["--recency-weight", str(recipe.get("recency_weight") or 0),
+               "--recency-span", str(recipe.get("recency_span") or 10)]  # fmt: skip
+    rows = []
+    for seed, epochs in chosen:
+        run = work / f"ncf-refit-{name}-{seed}-{time.time_ns()}"
+        ncf_json("train", str(data), "--seed", str(seed), "--epochs", str(epochs), "--out", str(run),
+                 *recency, *shlex.split(a.ncf_args))  # fmt: skip
+        rows.append(held_out_metrics(run, checkpoint="last"))
+        print(f"NCF refit seed {seed}, {epochs} epochs: test "
+              + " ".join(f"{k} {x:.4f}" for k, x in rows[-1].items()), flush=True)  # fmt: skip
+    print(f"refitted on train + validation ({' '.join(recency)}; ALS {als_params}), for reference:")
+    for k, (med, lo, hi) in summary(rows).items():
+        print(f"  {k:14s} NCF median {med:.4f} (min {lo:.4f}, max {hi:.4f})  ALS {als[k]:.4f}  "
+              f"gap {med - als[k]:+.4f}", flush=True)  # fmt: skip
+
+
 def summary(rows: list[dict[str, float]]) -> dict[str, tuple[float, float, float]]:
     return {k: (statistics.median(r[k] for r in rows), min(r[k] for r in rows),
                 max(r[k] for r in rows)) for k in rows[0]}  # fmt: skip
@@ -139,6 +175,8 @@ def main() -> None:
     p.add_argument("--als", help="skip the grid: factors,reg,alpha,iterations")
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
+    p.add_argument("--refit", action="store_true",
+                   help="also refit both on train + validation with the chosen settings")  # fmt: skip
     a = p.parse_args()
     print(f"{machine()}, ncf args {a.ncf_args!r}")
     missed = False
@@ -153,10 +191,12 @@ def main() -> None:
                 given = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
                 grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
                 params, run = tune_als(data, work, grid)
+                als_params = params
                 als = held_out_metrics(run)
                 print(f"ALS {params} (chosen on validation), test: "
                       + " ".join(f"{k} {x:.4f}" for k, x in als.items()), flush=True)  # fmt: skip
             rows = []
+            chosen: list[tuple[int, int]] = []  # (seed, validation-chosen epoch)
             for seed in a.seeds:
                 run = work / f"ncf-{name}-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
@@ -166,6 +206,7 @@ def main() -> None:
                 val = held_out_metrics(run, "validation")
                 row = held_out_metrics(run)
                 rows.append(row)
+                chosen.append((seed, int(res["best_epoch"])))
                 print(f"NCF seed {seed}: validation-chosen epoch {res['best_epoch']}/"
                       f"{res['epochs']}, {wall:.0f} s, validation "
                       + " ".join(f"{k} {x:.4f}" for k, x in val.items()) + "; test "
@@ -191,6 +232,8 @@ def main() -> None:
                 if weighted is not None:
                     line += f"  (ALS + recency {weighted[k]:.4f}, gap {med - weighted[k]:+.4f})"
                 print(line, flush=True)
+            if a.refit and als is not None:
+                refit(name, work, a, als_params, chosen, recipe)
     if missed:
         print(f"target missed: NCF must beat ALS by {a.margin} on every figure")
         sys.exit(MISSED)
