@@ -81,12 +81,23 @@ def prepare(name: str, work: Path, ml100k: str | None = None, validation: bool =
     return out
 
 
+def fit_als(
+    data: Path, work: Path, point: tuple[int, float, float, int], extra: tuple[str, ...] = ()
+) -> Path:
+    """`ncf train --model als` at (factors, reg, alpha, iterations); the run directory."""
+    f, reg, alpha, it = point
+    run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
+    ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
+             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run),
+             *extra)  # fmt: skip
+    return run
+
+
 def tune_als(
     data: Path,
     work: Path,
     grid: list[tuple[int, float, float, int]],
     extra: tuple[str, ...] = (),
-    widen: bool = True,
 ) -> tuple[Any, Path]:
     """ALS's best point on validation (sampled HR@10 + full HR@10) over `grid`, then, while the
     best sits on an edge of the searched values of factors, reg or alpha, one more step
@@ -98,10 +109,7 @@ def tune_als(
         if point in scores:
             return
         f, reg, alpha, it = point
-        run = work / f"als-{data.name}-{f}-{reg}-{alpha}-{it}-{time.time_ns()}"
-        ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
-            "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run),
-            *extra)  # fmt: skip
+        run = fit_als(data, work, point, extra)
         v = held_out_metrics(run, "validation")
         scores[point] = (v["sampled hr@10"] + v["full hr@10"], run)
         print(f"  als f={f} reg={reg:g} alpha={alpha:g} it={it}: validation "
@@ -109,7 +117,7 @@ def tune_als(
 
     for point in grid:
         fit(point)
-    for _ in range(WIDEN_STEPS if widen else 0):
+    for _ in range(WIDEN_STEPS):
         best = max(scores, key=lambda q: scores[q][0])
         moves = []
         for axis, (down, up, floor) in enumerate(WIDEN):
@@ -139,11 +147,7 @@ def refit(name: str, work: Path, a: argparse.Namespace, als_params: Any,
     validation chose: ALS's point, NCF's recipe and each seed's epoch count; NCF's test figure is
     its last epoch (`ncf eval --checkpoint last`), so the test set still chooses nothing."""
     data = prepare(name, work, a.data, validation=False)
-    f, reg, alpha, it = als_params
-    run = work / f"als-refit-{name}-{time.time_ns()}"
-    ncf_json("train", str(data), "--model", "als", "--factors", str(f), "--als-reg", str(reg),
-             "--als-alpha", str(alpha), "--als-iterations", str(it), "--out", str(run))  # fmt: skip
-    als = held_out_metrics(run)
+    als = held_out_metrics(fit_als(data, work, als_params))
     recency = ["--recency-weight", str(recipe.get("recency_weight") or 0),
                "--recency-span", str(recipe.get("recency_span") or 10)]  # fmt: skip
     rows = []

@@ -556,6 +556,32 @@ class _CpuAdam:
             self.exp_avg_sq[k].copy_(st["exp_avg_sq"])
 
 
+def _slice_loss(
+    ddp: torch.nn.Module,
+    model: Any,
+    users: torch.Tensor,
+    items: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    l2: float,
+    n: int,
+) -> torch.Tensor:
+    """These rows' share of a batch of n samples' loss: the weighted BCE (their mean when they
+    are the whole batch, as a plain step computes it, else their sum / n) plus the L2 of their
+    embedding rows / n."""
+    logits = ddp(users, items).float()
+    if labels.shape[0] == n:
+        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
+    else:
+        loss = F.binary_cross_entropy_with_logits(
+            logits, labels, weight=weights, reduction="sum"
+        ).div(n)
+    if l2:
+        # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
+        loss = loss + l2 * model.row_sq_sum(users, items) / n
+    return loss
+
+
 def _step_gradients(
     ddp: torch.nn.Module,
     model: Any,
@@ -572,15 +598,11 @@ def _step_gradients(
     adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
     DDP all-reduces once, on the last slice. Returns the batch's loss, detached."""
     n = labels.shape[0]
+    l2 = float(cfg.l2 or 0.0)
     size = min(n, cfg.micro_batch or n)
     if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
-            loss = F.binary_cross_entropy_with_logits(
-                ddp(users, items).float(), labels, weight=weights
-            )
-            if cfg.l2:
-                # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
-                loss = loss + cfg.l2 * model.row_sq_sum(users, items) / n
+            loss = _slice_loss(ddp, model, users, items, labels, weights, l2, n)
         scaler.scale(loss).backward()
         return loss.detach()
     total = torch.zeros((), dtype=torch.float32, device=labels.device)
@@ -591,12 +613,7 @@ def _step_gradients(
         w = weights[lo:hi] if weights is not None else None
         with sync:  # backward under no_sync too: it is where DDP would all-reduce
             with amp_ctx():
-                logits = ddp(users[lo:hi], items[lo:hi])
-                loss = F.binary_cross_entropy_with_logits(
-                    logits.float(), labels[lo:hi], weight=w, reduction="sum"
-                ).div(n)
-                if cfg.l2:
-                    loss = loss + cfg.l2 * model.row_sq_sum(users[lo:hi], items[lo:hi]) / n
+                loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, l2, n)
             scaler.scale(loss).backward()
         total += loss.detach()
     return total
