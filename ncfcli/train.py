@@ -93,7 +93,7 @@ from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
-from ncfcli.defaults import BASE, size_defaults
+from ncfcli.defaults import BASE, first_tier, size_defaults, small_data_batch
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import (
@@ -344,6 +344,10 @@ def resolve(
             v = fill[f.name]
             values[f.name] = tuple(v) if f.name == "layers" and v is not None else v
     out = replace(cfg, **values)
+    if saved is None and cfg.batch_size is None and first_tier(n_train):
+        ranks = world_size if out.scaling == "weak" else 1
+        samples = n_train * (1 + int(out.neg_per_pos or 0))
+        out = replace(out, batch_size=small_data_batch(int(out.batch_size or 1), samples, ranks))
     if saved is None and cfg.lr is None:
         ref = size_defaults(n_train)
         global_batch = int(out.batch_size or 1) * (world_size if out.scaling == "weak" else 1)

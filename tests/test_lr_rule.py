@@ -83,3 +83,40 @@ def test_sparse_small_data_gets_stronger_l2_more_epochs_and_nothing_else_changes
         assert size_defaults(n, n)["l2"] == size_defaults(n)["l2"] == 0
     cfg = resolve(TrainConfig(data_dir="d"), 90_000, 1, None, 10_000)
     assert (cfg.l2, cfg.epochs) == (4e-3, 20)
+
+
+def test_small_data_halves_the_default_batch_until_an_epoch_has_enough_steps() -> None:
+    from ncfcli.defaults import MIN_BATCH, MIN_STEPS_PER_EPOCH
+
+    def steps(n_train: int, cfg: TrainConfig, ranks: int = 1) -> float:
+        assert cfg.batch_size is not None and cfg.neg_per_pos is not None
+        return n_train * (1 + cfg.neg_per_pos) / (cfg.batch_size * ranks)
+
+    # ml-100k (98k positives, 197 steps at 2^14) and the sparse synthetic set keep the tier's batch.
+    for n_train, n_users in ((98_114, 943), (90_000, 10_000)):
+        cfg = resolve(TrainConfig(data_dir="d"), n_train, 1, None, n_users)
+        assert cfg.batch_size == REF["batch_size"] == 1 << 14
+        assert steps(n_train, cfg) >= MIN_STEPS_PER_EPOCH
+    # 13,388 positives x 33 samples: 27 steps at 2^14, 54 at 2^13, 108 at 2^12.
+    cfg = resolve(TrainConfig(data_dir="d"), 13_388, 1, None, 919)
+    assert cfg.batch_size == 1 << 12 and steps(13_388, cfg) >= MIN_STEPS_PER_EPOCH
+    assert steps(13_388, cfg) / 2 < MIN_STEPS_PER_EPOCH  # the largest such batch: 2^13 has 54
+    assert cfg.lr == REF["lr"]  # a smaller batch keeps the tuned lr
+    # Fewer negatives per positive make fewer samples: 60k x 5 = 300k has 73 steps at 2^12,
+    # where the halving stops (MIN_BATCH), as it does for tiny data.
+    few = resolve(TrainConfig(data_dir="d", neg_per_pos=4), 60_000, 1, None, 943)
+    assert few.batch_size == MIN_BATCH == 1 << 12
+    assert resolve(TrainConfig(data_dir="d"), 500, 1, None, 50).batch_size == MIN_BATCH
+    assert resolve(TrainConfig(data_dir="d", neg_per_pos=4), 150_000, 1, None).batch_size == 1 << 12
+    assert resolve(TrainConfig(data_dir="d", neg_per_pos=4), 199_000, 1, None).batch_size == 1 << 13
+    # Weak scaling counts every rank's batch; strong scaling's batch is already global.
+    weak = resolve(TrainConfig(data_dir="d", scaling="weak"), 98_114, 4, None, 943)
+    assert weak.batch_size == 1 << 12 and steps(98_114, weak, 4) >= MIN_STEPS_PER_EPOCH
+    strong = resolve(TrainConfig(data_dir="d"), 98_114, 4, None, 943)
+    assert strong.batch_size == 1 << 14
+    # A given --batch-size, a resumed run's batch and the larger tiers are left as they are.
+    given = resolve(TrainConfig(data_dir="d", batch_size=1 << 14), 13_388, 1, None)
+    assert given.batch_size == 1 << 14
+    saved = {**size_defaults(13_388), "batch_size": 1 << 14}
+    assert resolve(TrainConfig(data_dir="d"), 13_388, 1, saved).batch_size == 1 << 14
+    assert resolve(TrainConfig(data_dir="d"), 300_000, 1, None).batch_size == 1 << 16
