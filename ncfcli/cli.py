@@ -391,6 +391,18 @@ def train(
         "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).", "--layers", panel=MODEL
     ),
     dropout: float | None = _opt("Dropout after each MLP hidden layer.", "--dropout", panel=MODEL),
+    pretrained_gmf: str | None = _opt(
+        "neumf: start the GMF tower (and half the head) from this --model gmf run's best.pt.",
+        "--pretrained-gmf",
+        panel=MODEL,
+        default="random",
+    ),  # fmt: skip
+    pretrained_mlp: str | None = _opt(
+        "neumf: start the MLP tower (and half the head) from this --model mlp run's best.pt.",
+        "--pretrained-mlp",
+        panel=MODEL,
+        default="random",
+    ),  # fmt: skip
     als_reg: float | None = _opt("als: regularisation.", "--als-reg", panel=MODEL, default="30"),
     als_alpha: float | None = _opt(
         "als: confidence weight alpha.", "--als-alpha", panel=MODEL, default="5"
@@ -552,6 +564,7 @@ def train(
         overwrite=overwrite, device=device,
         epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
+        pretrained_gmf=pretrained_gmf, pretrained_mlp=pretrained_mlp,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
         recency_weight=recency_weight, recency_span=recency_span,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,

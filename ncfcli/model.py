@@ -234,6 +234,51 @@ class NCF(nn.Module):
         found = (self.user_gmf, self.item_gmf, self.user_mlp, self.item_mlp)
         return [t for t in found if t is not None]
 
+    @torch.no_grad()
+    def load_towers(self, gmf: NCF | None, mlp: NCF | None, alpha: float = 0.5) -> None:
+        """Start a NeuMF from trained GMF and/or MLP models (He et al., 2017, section 3.4.1):
+        each tower's tables and layers are copied, and the head is the two heads side by side,
+        weighed alpha and 1 - alpha, so before training the NeuMF logit is alpha x the GMF
+        logit + (1 - alpha) x the MLP logit. A tower not given keeps its random start."""
+        if self.cfg.kind != "neumf":
+            raise ValueError(f"pretrained towers start a --model neumf, not {self.cfg.kind}")
+        assert self.head is not None
+        shape = (self.cfg.n_users, self.cfg.n_items)
+        blocks = list(self.head.weights)
+        bias = torch.zeros_like(self.head.bias)
+        own = 0.0  # the share of the head's bias left to a tower not given
+        for other, kind, share in ((gmf, "gmf", alpha), (mlp, "mlp", 1.0 - alpha)):
+            if other is None:
+                own += share
+                continue
+            got = other.cfg
+            if got.kind != kind:
+                raise ValueError(f"the pretrained {kind.upper()} is a --model {got.kind} run")
+            if (got.n_users, got.n_items) != shape:
+                raise ValueError(f"the pretrained {kind.upper()} has {got.n_users} users and "
+                                 f"{got.n_items} items, this model {shape[0]} and {shape[1]}")  # fmt: skip
+            if kind == "gmf" and got.factors != self.cfg.factors:
+                raise ValueError(f"the pretrained GMF has --factors {got.factors}, this model "
+                                 f"{self.cfg.factors}")  # fmt: skip
+            if kind == "mlp" and got.layers != self.cfg.layers:
+                raise ValueError(f"the pretrained MLP has --layers {list(got.layers)}, this "
+                                 f"model {list(self.cfg.layers)}")  # fmt: skip
+            mine = ["user_gmf", "item_gmf"] if kind == "gmf" else ["user_mlp", "item_mlp"]
+            for name in mine:
+                getattr(self, name).weight.copy_(getattr(other, name).weight)
+            if kind == "mlp" and self.mlp_in is not None and other.mlp_in is not None:
+                self.mlp_in.load_state_dict(other.mlp_in.state_dict())
+                linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
+                theirs = [m for m in other.mlp if isinstance(m, nn.Linear)]
+                for a, b in zip(linears, theirs, strict=True):
+                    a.load_state_dict(b.state_dict())
+            assert other.head is not None
+            first = 0 if kind == "gmf" else (1 if self.mf_dim else 0)
+            for k, w in enumerate(other.head.weights):
+                blocks[first + k].copy_(share * w)
+            bias += share * other.head.bias
+        self.head.bias.copy_(bias + own * self.head.bias)
+
     def row_sq_sum(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """Sum of squares of the embedding rows that (users [B], items [B]) read -> [] float."""
         total = users.new_zeros((), dtype=torch.float32)

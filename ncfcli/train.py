@@ -134,6 +134,8 @@ FIXED_ON_RESUME = {
     "scaling": "it defines every epoch's steps and the learning rate's scale",
     "amp": "the optimizer and loss-scaler state were made with it",
     "amp_dtype": "the optimizer and loss-scaler state were made with it",
+    "pretrained_gmf": "the run's first weights came from it",
+    "pretrained_mlp": "the run's first weights came from it",
 }
 # Options added after runs were first saved, with the value that reproduces what such a run
 # did: resuming it keeps that value, not today's default.
@@ -163,6 +165,8 @@ class TrainConfig:
     factors: int | None = None  # GMF / MF embedding width
     layers: tuple[int, ...] | None = None  # MLP sizes; the first is 2 x the MLP embedding width
     dropout: float | None = None  # dropout after each MLP hidden layer
+    pretrained_gmf: str | None = None  # neumf: start the GMF tower from this --model gmf run
+    pretrained_mlp: str | None = None  # neumf: start the MLP tower from this --model mlp run
     neg_per_pos: int | None = None  # training negatives drawn per positive each epoch
     recency_weight: float | None = None  # a positive weighs 1 + this x exp(-age / recency_span)
     recency_span: float | None = None  # positions back (by time) over which that weight decays by e
@@ -850,6 +854,8 @@ def _train(
 
     torch.manual_seed(cfg.seed or 0)
     model = build_model(model_cfg).to(device)
+    if not resumed and (cfg.pretrained_gmf or cfg.pretrained_mlp):
+        _load_towers(model, cfg, data)
     n_params = count_parameters(model)
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
@@ -1087,6 +1093,26 @@ def _train(
         peak_gpu_bytes=backend.peak_memory_bytes(), recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=probed.to_dict() if probed is not None else None,
     )  # fmt: skip
+
+
+def _load_towers(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
+    """--pretrained-gmf / --pretrained-mlp: the validation-chosen epoch (best.pt) of each run,
+    which must come from the same dataset, copied into the new NeuMF (model.load_towers)."""
+    towers: dict[str, Any] = {}
+    for kind, path in (("gmf", cfg.pretrained_gmf), ("mlp", cfg.pretrained_mlp)):
+        if path is None:
+            continue
+        run = ckpt.load_run(path)
+        if run.dataset_fingerprint != data.fingerprint:
+            raise NcfError(f"--pretrained-{kind} {path} was trained on {run.dataset_path} "
+                           f"(fingerprint {run.dataset_fingerprint}), not {cfg.data_dir} "
+                           f"(fingerprint {data.fingerprint})")  # fmt: skip
+        towers[kind] = run.model
+    try:
+        model.load_towers(towers.get("gmf"), towers.get("mlp"))
+    except ValueError as e:
+        flags = " and ".join(f"--pretrained-{k}" for k in towers)
+        raise NcfError(f"{flags}: {e}", exit_code=2) from None
 
 
 def _fit_baseline(

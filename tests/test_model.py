@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -106,3 +108,44 @@ def test_score_all_equals_forward_on_every_pair(kind: str, layers: tuple[int, ..
         pairs = model(users.repeat_interleave(70), torch.arange(70).repeat(4)).view(4, 70)
     assert table.shape == (4, 70)
     torch.testing.assert_close(table, pairs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layers", [(32, 16, 8), (16,)])
+def test_a_neumf_started_from_gmf_and_mlp_scores_their_weighted_sum(
+    layers: tuple[int, ...],
+) -> None:
+    """He et al.'s pretraining: before any step, NeuMF's logit is alpha x GMF's logit +
+    (1 - alpha) x MLP's, on every pair (here alpha = 0.5 and 0.3); one tower alone is copied
+    too, and a mismatched run is refused."""
+    torch.manual_seed(1)
+    shape = {"n_users": 30, "n_items": 40, "factors": 8, "layers": list(layers), "dropout": 0.2}
+    gmf, mlp = build_model({**shape, "kind": "gmf"}), build_model({**shape, "kind": "mlp"})
+    for m in (gmf, mlp):
+        for p in m.parameters():
+            torch.nn.init.normal_(p, 0.0, 0.3)
+        m.eval()
+    users, items = torch.arange(30).repeat_interleave(40), torch.arange(40).repeat(30)
+    with torch.no_grad():
+        g, m_ = gmf(users, items), mlp(users, items)
+    for alpha in (0.5, 0.3):
+        neumf = build_model({**shape, "kind": "neumf"})
+        neumf.load_towers(gmf, mlp, alpha)
+        with torch.no_grad():
+            both = neumf.eval()(users, items)
+        torch.testing.assert_close(both, alpha * g + (1 - alpha) * m_, rtol=1e-5, atol=1e-5)
+    only = build_model({**shape, "kind": "neumf"})
+    mlp_before = [p.clone() for p in only.user_mlp.parameters()]  # type: ignore[union-attr]
+    only.load_towers(gmf, None)
+    assert torch.equal(only.user_gmf.weight, gmf.user_gmf.weight)  # type: ignore[union-attr]
+    assert torch.equal(only.user_mlp.weight, mlp_before[0])  # type: ignore[union-attr]
+    bad = [
+        (build_model({**shape, "kind": "mf"}), None, "is a --model mf run"),
+        (build_model({**shape, "kind": "gmf", "factors": 4}), None, "--factors 4"),
+        (None, build_model({**shape, "kind": "mlp", "layers": [16, 8]}), "--layers [16, 8]"),
+        (build_model({**shape, "kind": "gmf", "n_users": 31}), None, "31 users"),
+    ]
+    for g_bad, m_bad, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            build_model({**shape, "kind": "neumf"}).load_towers(g_bad, m_bad)
+    with pytest.raises(ValueError, match="start a --model neumf"):
+        gmf.load_towers(gmf, None)

@@ -363,3 +363,45 @@ def test_micro_batches_take_the_same_steps(prepared_dir: Path, tmp_path: Path) -
 def test_micro_batch_must_be_positive(prepared_dir: Path, tmp_path: Path) -> None:
     res = ncf("train", prepared_dir, "--out", tmp_path / "r", *SMALL, "--micro-batch", 0)
     assert res.exit_code == 2 and "--micro-batch must be >= 1" in one_error_line(res)
+
+
+def test_a_neumf_starts_from_pretrained_gmf_and_mlp_runs(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    gmf, mlp, both = tmp_path / "gmf", tmp_path / "mlp", tmp_path / "neumf"
+    for run, kind in ((gmf, "gmf"), (mlp, "mlp")):
+        r = ncf("train", prepared_dir, "--out", run, "--model", kind, "--epochs", 2, *SMALL, "-q")
+        assert r.exit_code == 0, r.output
+    towers = ["--pretrained-gmf", gmf, "--pretrained-mlp", mlp]
+    # An lr of 1e-9 leaves the start in place: the towers are the runs' best.pt weights.
+    r = ncf("train", prepared_dir, "--out", both, "--model", "neumf", "--epochs", 1, *SMALL,
+            "--lr", "1e-9", "-q", *towers)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    saved = json.loads((both / "config.json").read_text())["train"]
+    assert (saved["pretrained_gmf"], saved["pretrained_mlp"]) == (str(gmf), str(mlp))
+    model, g, m = (load_run(p).model for p in (both, gmf, mlp))
+    for name, source in (("user_gmf", g), ("item_gmf", g), ("user_mlp", m), ("item_mlp", m)):
+        torch.testing.assert_close(getattr(model, name).weight, getattr(source, name).weight,
+                                   atol=1e-6, rtol=0)  # fmt: skip
+    torch.testing.assert_close(model.head.weights[0], 0.5 * g.head.weights[0], atol=1e-6, rtol=0)
+    # The same start is refused where it cannot apply, each with one line.
+    other = _tiny_prepared(tmp_path / "other", seed=5)
+    cases = [
+        (["--model", "neumf", "--pretrained-gmf", mlp], "is a --model mlp run"),
+        (["--model", "mf", "--pretrained-gmf", gmf], "start a --model neumf"),
+        (["--model", "neumf", "--factors", "4", "--pretrained-gmf", gmf], "--factors 8"),
+        (["--model", "neumf", "--pretrained-mlp", tmp_path / "none"], "does not exist"),
+    ]
+    for flags, message in cases:
+        r = ncf("train", prepared_dir, "--out", tmp_path / "bad", "--epochs", 1, *SMALL, *flags)
+        assert r.exit_code != 0 and message in one_error_line(r), (flags, r.output)
+    r = ncf("train", other, "--out", tmp_path / "bad", "--epochs", 1, *SMALL, "--model", "neumf",
+            "--pretrained-gmf", gmf)  # fmt: skip
+    assert r.exit_code != 0 and "was trained on" in one_error_line(r)
+    # --resume keeps the run's start; another one is refused.
+    r = ncf(
+        "train", prepared_dir, "--out", both, "--resume", "--epochs", 2, "--pretrained-gmf", mlp
+    )
+    assert r.exit_code != 0 and "--pretrained-gmf" in one_error_line(r)
+    r = ncf("train", prepared_dir, "--out", both, "--resume", "--epochs", 2, "-q")
+    assert r.exit_code == 0, r.output
