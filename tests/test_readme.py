@@ -122,3 +122,21 @@ def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
     assert set(reports[0]["metrics"]) == {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "hr@20", "ndcg@20"}
     assert all(r["users"] == 60 for r in reports)
     assert (work / "runs" / "u" / "eval.json").is_file()
+
+
+def test_examples_ncf_paper_pretrains_neumf_from_gmf_and_mlp(tmp_path: Path) -> None:
+    src = tmp_path / "u.data"
+    rows = [f"{u}\t{(u * 13 + j * 7) % 150 + 1}\t4\t{900000000 + j}"
+            for u in range(1, 61) for j in range(10)]  # fmt: skip
+    src.write_text("\n".join(rows) + "\n")
+    work = tmp_path / "work"
+    result = subprocess.run(["bash", str(ROOT / "examples" / "ncf_paper.sh"), str(src), str(work)],
+                            cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == 3 and all(set(r["metrics"]) == {"hr@10", "ndcg@10"} for r in reports)
+    neumf = json.loads((work / "runs" / "u-neumf" / "config.json").read_text())
+    assert neumf["model"]["kind"] == "neumf" and neumf["model"]["factors"] == 8
+    assert neumf["train"]["pretrained_gmf"] == str(work / "runs" / "u-gmf")
+    assert neumf["train"]["pretrained_mlp"] == str(work / "runs" / "u-mlp")
