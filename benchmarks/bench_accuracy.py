@@ -30,19 +30,20 @@ chose (ALS's point; NCF's recipe and each seed's epoch count, scored at its last
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shlex
 import statistics
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import MISSED, find_ml100k, machine, ncf_json
+
+from ncfcli.data.raw import extract_ratings, find_ratings_file
+from ncfcli.fsutil import atomic_path
 
 # Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average;
 # users with 2 have no validation item and are scored on test only).
@@ -94,22 +95,18 @@ def prepare(name: str, work: Path, ml100k: str | None = None, validation: bool =
 
 
 def subsample(u_data: Path, out: Path) -> Path:
-    """A CSV of u.data's rows each kept with probability SUBSAMPLE_RATE (seeded)."""
+    """A CSV of u.data's rows (u.data, its folder or the zip, read as `ncf prepare` finds it)
+    each kept with probability SUBSAMPLE_RATE (seeded)."""
     if not out.exists():
         if u_data.is_dir():
-            u_data = u_data / "u.data"
-        if u_data.suffix == ".zip":
-            with zipfile.ZipFile(u_data) as z:
-                name = next(n for n in z.namelist() if n.endswith("/u.data") or n == "u.data")
-                text = z.read(name).decode()
-            rows = np.loadtxt(io.StringIO(text), dtype=np.int64, delimiter="\t", ndmin=2)
-        else:
-            rows = np.loadtxt(u_data, dtype=np.int64, delimiter="\t", ndmin=2)
+            u_data = find_ratings_file(u_data)
+        elif u_data.suffix == ".zip":
+            u_data = extract_ratings(u_data, out.parent / "ml-100k-extracted")
+        rows = np.loadtxt(u_data, dtype=np.int64, delimiter="\t", ndmin=2)
         kept = rows[np.random.default_rng(0).random(len(rows)) < SUBSAMPLE_RATE]
-        tmp = out.with_suffix(".tmp")
-        np.savetxt(tmp, kept, fmt="%d", delimiter=",", header="user,item,rating,timestamp",
-                   comments="")  # fmt: skip
-        tmp.replace(out)
+        with atomic_path(out) as tmp:
+            np.savetxt(tmp, kept, fmt="%d", delimiter=",", header="user,item,rating,timestamp",
+                       comments="")  # fmt: skip
     return out
 
 

@@ -273,7 +273,7 @@ class NCF(nn.Module):
                 for a, b in zip(linears, theirs, strict=True):
                     a.load_state_dict(b.state_dict())
             assert other.head is not None
-            first = 0 if kind == "gmf" else (1 if self.mf_dim else 0)
+            first = 0 if kind == "gmf" else 1  # a NeuMF head reads GMF's block, then MLP's
             for k, w in enumerate(other.head.weights):
                 blocks[first + k].copy_(share * w)
             bias += share * other.head.bias

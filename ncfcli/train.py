@@ -348,13 +348,13 @@ def resolve(
             v = fill[f.name]
             values[f.name] = tuple(v) if f.name == "layers" and v is not None else v
     out = replace(cfg, **values)
+    ranks = world_size if out.scaling == "weak" else 1  # ranks whose batches make a global one
     if saved is None and cfg.batch_size is None and first_tier(n_train):
-        ranks = world_size if out.scaling == "weak" else 1
         samples = n_train * (1 + int(out.neg_per_pos or 0))
         out = replace(out, batch_size=small_data_batch(int(out.batch_size or 1), samples, ranks))
     if saved is None and cfg.lr is None:
         ref = size_defaults(n_train)
-        global_batch = int(out.batch_size or 1) * (world_size if out.scaling == "weak" else 1)
+        global_batch = int(out.batch_size or 1) * ranks
         lr, warmup = batch_lr(float(ref["lr"]), global_batch, int(ref["batch_size"]))
         out = replace(out, lr=lr)
         if out.warmup_epochs is None:

@@ -107,17 +107,23 @@ def test_examples_quickstart_runs(tmp_path: Path) -> None:
     assert logits == sorted(logits, reverse=True)
 
 
-def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
+def _example_on_a_ratings_file(tmp_path: Path, script: str) -> tuple[list[dict], Path]:
+    """Run examples/SCRIPT on a small hand-made u.data (60 users x 10 ratings): the JSON
+    lines it printed, and its work folder."""
     src = tmp_path / "u.data"
     rows = [f"{u}\t{(u * 13 + j * 7) % 150 + 1}\t4\t{900000000 + j}"
             for u in range(1, 61) for j in range(10)]  # fmt: skip
     src.write_text("\n".join(rows) + "\n")
     work = tmp_path / "work"
-    result = subprocess.run(["bash", str(ROOT / "examples" / "movielens.sh"), str(src), str(work)],
+    result = subprocess.run(["bash", str(ROOT / "examples" / script), str(src), str(work)],
                             cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], work
+
+
+def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
+    reports, work = _example_on_a_ratings_file(tmp_path, "movielens.sh")
     assert [r["protocol"] for r in reports] == ["sampled (100 negatives)", "full ranking"]
     assert set(reports[0]["metrics"]) == {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "hr@20", "ndcg@20"}
     assert all(r["users"] == 60 for r in reports)
@@ -125,16 +131,7 @@ def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
 
 
 def test_examples_ncf_paper_pretrains_neumf_from_gmf_and_mlp(tmp_path: Path) -> None:
-    src = tmp_path / "u.data"
-    rows = [f"{u}\t{(u * 13 + j * 7) % 150 + 1}\t4\t{900000000 + j}"
-            for u in range(1, 61) for j in range(10)]  # fmt: skip
-    src.write_text("\n".join(rows) + "\n")
-    work = tmp_path / "work"
-    result = subprocess.run(["bash", str(ROOT / "examples" / "ncf_paper.sh"), str(src), str(work)],
-                            cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
-                            timeout=600)  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    reports, work = _example_on_a_ratings_file(tmp_path, "ncf_paper.sh")
     assert len(reports) == 3 and all(set(r["metrics"]) == {"hr@10", "ndcg@10"} for r in reports)
     neumf = json.loads((work / "runs" / "u-neumf" / "config.json").read_text())
     assert neumf["model"]["kind"] == "neumf" and neumf["model"]["factors"] == 8
