@@ -24,7 +24,8 @@ or full ranking, on any dataset. Each run is a fresh `ncf` process (as a user ru
     python benchmarks/bench_accuracy.py --ncf-args "--model mf --l2 1e-4" --seeds 0 --no-als
 
 `--refit` adds, for reference, both models refitted on train + validation with what validation
-chose (ALS's point; NCF's recipe and each seed's epoch count, scored at its last epoch).
+chose (`ncf train DATA --refit RUN`: ALS's point; NCF's recipe and each seed's epoch count, its
+last epoch scored).
 """
 
 from __future__ import annotations
@@ -77,10 +78,9 @@ def held_out_metrics(
     return out
 
 
-def prepare(name: str, work: Path, ml100k: str | None = None, validation: bool = True) -> Path:
-    """The prepared dataset, with its validation split (or, validation=False, without: the
-    validation item stays a training positive), made once per --work directory."""
-    out = work / (f"{name}-v2" if validation else f"{name}-v2-noval")
+def prepare(name: str, work: Path, ml100k: str | None = None) -> Path:
+    """The prepared dataset (validation and test split), made once per --work directory."""
+    out = work / f"{name}-v2"
     if not (out / "meta.json").exists():
         if name == "sparse":
             source = SPARSE
@@ -88,9 +88,7 @@ def prepare(name: str, work: Path, ml100k: str | None = None, validation: bool =
             source = [str(subsample(find_ml100k(ml100k), work / "ml-100k-sparse.csv"))]
         else:
             source = [str(find_ml100k(ml100k))]
-        ncf_json(
-            "prepare", *source, "--out", str(out), *([] if validation else ["--no-validation"])
-        )
+        ncf_json("prepare", *source, "--out", str(out))
     return out
 
 
@@ -168,26 +166,24 @@ def tune_als(
     return best, scores[best][1]
 
 
-def refit(name: str, work: Path, a: argparse.Namespace, als_params: Any,
-          chosen: list[tuple[int, int]], recipe: dict[str, Any]) -> None:  # fmt: skip
-    """For reference (not the target): both models refitted on train + validation (the dataset
-    prepared with --no-validation, where the validation item is a training positive and the test
-    item is one position after the last one, as for a model trained on everything), with what
-    validation chose: ALS's point, NCF's recipe and each seed's epoch count; NCF's test figure is
-    its last epoch (`ncf eval --checkpoint last`), so the test set still chooses nothing."""
-    data = prepare(name, work, a.data, validation=False)
-    als = held_out_metrics(fit_als(data, work, als_params))
-    recency = ["--recency-weight", str(recipe.get("recency_weight") or 0),
-               "--recency-span", str(recipe.get("recency_span") or 10)]  # fmt: skip
+def refit(data: Path, work: Path, als_run: Path, ncf_runs: list[Path]) -> None:
+    """For reference (not the target): ALS's chosen run and each NCF seed's run refitted on train
+    + validation with what validation chose (`ncf train DATA --refit RUN`: the run's settings, and
+    for NCF its validation-chosen epoch count; the last epoch is scored), as a model trained on
+    everything but the test item would be; the test set still chooses nothing."""
+
+    def again(run: Path) -> dict[str, float]:
+        out = work / f"{run.name}-refit"
+        ncf_json("train", str(data), "--refit", str(run), "--out", str(out))
+        return held_out_metrics(out)
+
+    als = again(als_run)
     rows = []
-    for seed, epochs in chosen:
-        run = work / f"ncf-refit-{name}-{seed}-{time.time_ns()}"
-        ncf_json("train", str(data), "--seed", str(seed), "--epochs", str(epochs), "--out", str(run),
-                 *recency, *shlex.split(a.ncf_args))  # fmt: skip
-        rows.append(held_out_metrics(run, checkpoint="last"))
-        print(f"NCF refit seed {seed}, {epochs} epochs: test "
-              + " ".join(f"{k} {x:.4f}" for k, x in rows[-1].items()), flush=True)  # fmt: skip
-    print(f"refitted on train + validation ({' '.join(recency)}; ALS {als_params}), for reference:")
+    for run in ncf_runs:
+        rows.append(again(run))
+        print(f"NCF refit of {run.name}: test " + " ".join(f"{k} {x:.4f}" for k, x in rows[-1].items()),
+              flush=True)  # fmt: skip
+    print("refitted on train + validation (`ncf train DATA --refit RUN`), for reference:")
     for k, (med, lo, hi) in summary(rows).items():
         print(f"  {k:14s} NCF median {med:.4f} (min {lo:.4f}, max {hi:.4f})  ALS {als[k]:.4f}  "
               f"gap {med - als[k]:+.4f}", flush=True)  # fmt: skip
@@ -224,13 +220,12 @@ def main() -> None:
             if not a.no_als:
                 given = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
                 grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
-                params, run = tune_als(data, work, grid)
-                als_params = params
-                als = held_out_metrics(run)
+                params, als_run = tune_als(data, work, grid)
+                als = held_out_metrics(als_run)
                 print(f"ALS {params} (chosen on validation), test: "
                       + " ".join(f"{k} {x:.4f}" for k, x in als.items()), flush=True)  # fmt: skip
             rows = []
-            chosen: list[tuple[int, int]] = []  # (seed, validation-chosen epoch)
+            runs: list[Path] = []
             for seed in a.seeds:
                 run = work / f"ncf-{name}-{seed}-{time.time_ns()}"
                 t0 = time.perf_counter()
@@ -240,7 +235,7 @@ def main() -> None:
                 val = held_out_metrics(run, "validation")
                 row = held_out_metrics(run)
                 rows.append(row)
-                chosen.append((seed, int(res["best_epoch"])))
+                runs.append(run)
                 print(f"NCF seed {seed}: validation-chosen epoch {res['best_epoch']}/"
                       f"{res['epochs']}, {wall:.0f} s, validation "
                       + " ".join(f"{k} {x:.4f}" for k, x in val.items()) + "; test "
@@ -267,7 +262,7 @@ def main() -> None:
                     line += f"  (ALS + recency {weighted[k]:.4f}, gap {med - weighted[k]:+.4f})"
                 print(line, flush=True)
             if a.refit and als is not None:
-                refit(name, work, a, als_params, chosen, recipe)
+                refit(data, work, als_run, runs)
     if missed:
         print(f"target missed: NCF must beat ALS by {a.margin} on every figure")
         sys.exit(MISSED)

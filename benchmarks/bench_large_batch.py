@@ -49,11 +49,13 @@ def main() -> None:
     p.add_argument("--prepared", help="a prepared dataset to use instead of MovieLens-100K")
     p.add_argument("--micro-batch", type=int, help="--micro-batch of the large-batch runs")
     p.add_argument("--epochs", type=int, help="--epochs of every run (default: the tier's)")
+    p.add_argument("--model", help="--model of every run (default: the tier's)")
     p.add_argument("--device", default="cpu", help="--device of every run and evaluation")
     p.add_argument("--sampled-only", action="store_true", help="skip full-ranking evaluation")
     a = p.parse_args()
     print(machine(), flush=True)
     common = ["--device", a.device] + (["--epochs", str(a.epochs)] if a.epochs else [])
+    common += ["--model", a.model] if a.model else []
     micro = ["--micro-batch", str(a.micro_batch)] if a.micro_batch else []
     configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch", [])]
     configs += [(f"--batch-size {b}" + (f" --micro-batch {a.micro_batch}" if micro else ""),

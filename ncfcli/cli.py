@@ -468,6 +468,13 @@ def train(
         panel=EVAL,
         default="off",
     ),  # fmt: skip
+    refit: str | None = _opt(
+        "Train this finished run's settings again on train + validation, for the epochs its "
+        "validation split chose; the last epoch is the model (test chooses nothing).",
+        "--refit",
+        panel=EVAL,
+        default="off",
+    ),  # fmt: skip
     eval_batch: int | None = _eval_batch("2^20"),
     device: str = _device(),
     amp: bool | None = _opt(
@@ -564,7 +571,7 @@ def train(
         overwrite=overwrite, device=device,
         epochs=epochs, batch_size=batch_size, lr=lr, beta1=beta1, beta2=beta2, eps=eps, l2=l2,
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
-        pretrained_gmf=pretrained_gmf, pretrained_mlp=pretrained_mlp,
+        pretrained_gmf=pretrained_gmf, pretrained_mlp=pretrained_mlp, refit=refit,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
         recency_weight=recency_weight, recency_span=recency_span,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
@@ -587,8 +594,7 @@ def train(
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
                    + (", stopped at --target-hr)" if result.stopped_early else ")")),
-        ("best epoch", f"{result.best_epoch} (chosen on {result.selected_by}"
-                       + (")" if result.validation else ": dataset has no validation split)")),
+        ("best epoch", _chosen_row(result.best_epoch, result.selected_by)),
         ("split", result.dataset_split),
         *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
           if result.recency_weight or result.recency_probe else []),
@@ -603,6 +609,14 @@ def train(
         ("device", f"{result.device} x {result.world_size}"),
     ]  # fmt: skip
     out_console().print(summary_table("ncf train", rows))
+
+
+def _chosen_row(epoch: int, selected_by: str) -> str:
+    """The summary's "best epoch" value: the epoch and what chose it."""
+    if selected_by == "last":
+        return f"{epoch} (the last: a --refit, its epoch count chosen on validation)"
+    why = "" if selected_by == "validation" else ": dataset has no validation split"
+    return f"{epoch} (chosen on {selected_by}{why})"
 
 
 def _recency_row(weight: float, probe: dict[str, Any] | None) -> str:

@@ -102,6 +102,9 @@ def run_report(folder: Path) -> dict[str, Any]:
     # As train.py chooses: validation HR@10 then NDCG@10 (test without a validation split);
     # the first epoch wins a tie.
     best = max(history, key=lambda h: _key(_chosen(h)), default=None)
+    refit = bool(config.get("dataset", {}).get("merged_validation"))
+    if refit:  # a --refit run: its model is the last epoch, test chose nothing
+        best = history[-1] if history else None
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
     # "ndcg", ...}]}, one row per (split, protocol, k, dataset).
     evals: list[dict[str, Any]] = []
@@ -121,7 +124,7 @@ def run_report(folder: Path) -> dict[str, Any]:
         "best_epoch": None if best is None else best.get("epoch"),
         "selected_by": None
         if best is None
-        else ("validation" if best.get("validation") else "test"),
+        else ("last" if refit else "validation" if best.get("validation") else "test"),
         "best": None
         if best is None
         else (
@@ -184,7 +187,9 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         rows = [("model", shape), ("dataset", report["dataset"]
                                    + ("" if report["dataset_present"] else " (missing)")),
                 ("epochs", f"{report['epochs']} of {t.get('epochs')}"),
-                ("best epoch", f"{report['best_epoch']} (chosen on {report['selected_by']})")]  # fmt: skip
+                ("best epoch", f"{report['best_epoch']} " + (
+                    f"(the last: a refit of {t.get('refit')})" if report["selected_by"] == "last"
+                    else f"(chosen on {report['selected_by']})"))]  # fmt: skip
         for group, scores in (report["best"] or {}).items():
             rows += [(f"{group} {k}", f"{v:.4f}") for k, v in scores.items()]
         for e in report["evaluations"]:

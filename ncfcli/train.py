@@ -10,21 +10,15 @@ reported: the run's test figures are those of the validation-chosen epoch. A dat
 with --no-validation (the NCF/NVIDIA protocol) has no validation split; its epoch is chosen on
 the test set, and every report says so ("selected_by": "test").
 
-Defaults per dataset size (ncfcli/defaults.py, shown by `ncf train --help`; any flag overrides;
-docs/training-defaults.md has the tuning runs):
+Defaults per dataset size: the table is ncfcli/defaults.py (`ncf train --help` prints it), the
+tuning runs docs/training-defaults.md. The small-data column (MF, recency weights when the
+validation probe finds a time signal, the batch that gives an epoch 100 steps) was chosen on the
+validation split of real MovieLens-100K, never on the test items; ml-20m is NVIDIA's reference
+setting; ml-1m sits between, following the NCF paper's sizes, and is untuned here.
 
-    training positives    < 200k (ml-100k)     200k - 5M (ml-1m)        >= 5M (ml-20m)
-    model                 mf 128 f (+ biases)   neumf 64 f, 128-64-32    neumf 64 f, 256-256-128-64
-    dropout               0.0                   0.0                      0.5
-    batch (global)        2^14                  2^16                     2^20
-    lr / beta1 / beta2    0.004 / .9 / .999     0.004 / .9 / .999        0.0045 / .25 / .5
-    negatives / epochs    16 / 10               4 / 20                   4 / 30
-    l2, lr decay          1e-3, none            0, none                  0, none
-
-The ml-100k column was chosen on a validation split of real MovieLens-100K (each user's latest
-training item), never on the test items (runs in docs/training-defaults.md); ml-20m is
-NVIDIA's reference setting; ml-1m sits between, following the NCF paper's sizes, and is untuned
-here. The reported metrics are those of the epoch best on validation (by HR@10, then NDCG@10).
+`--refit RUN` (_refit_settings) trains RUN's resolved settings again on train + validation
+(PreparedData.merge_validation) for the epoch count RUN's validation chose; with no validation
+left, its model is the last epoch ("selected_by": "last") and test still chooses nothing.
 
 `--lr-decay linear|cosine` scales the learning rate down to 0 over the run's steps (a function
 of the step alone, so a resumed run follows the same schedule); it is off by default because
@@ -136,7 +130,10 @@ FIXED_ON_RESUME = {
     "amp_dtype": "the optimizer and loss-scaler state were made with it",
     "pretrained_gmf": "the run's first weights came from it",
     "pretrained_mlp": "the run's first weights came from it",
+    "refit": "the run's settings and training data came from it",
 }
+# Options a --refit may set itself: how the same steps are computed and kept, not what they are.
+REFIT_OWN = ("micro_batch", "eval_batch", "keep_checkpoints")
 # Options added after runs were first saved, with the value that reproduces what such a run
 # did: resuming it keeps that value, not today's default.
 LEGACY = {"recency_weight": 0.0}
@@ -167,6 +164,7 @@ class TrainConfig:
     dropout: float | None = None  # dropout after each MLP hidden layer
     pretrained_gmf: str | None = None  # neumf: start the GMF tower from this --model gmf run
     pretrained_mlp: str | None = None  # neumf: start the MLP tower from this --model mlp run
+    refit: str | None = None  # a run whose settings train again on train + validation
     neg_per_pos: int | None = None  # training negatives drawn per positive each epoch
     recency_weight: float | None = None  # a positive weighs 1 + this x exp(-age / recency_span)
     recency_span: float | None = None  # positions back (by time) over which that weight decays by e
@@ -787,8 +785,10 @@ def _train(
     cfg: TrainConfig, progress: Any, env: DistEnv, backend: Backend, t_start: float
 ) -> TrainResult:
     data = load_prepared(cfg.data_dir, backend)
-    n_train = int(data.train_users.shape[0])
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
+    if cfg.refit is not None and not cfg.resume:
+        cfg = _refit_settings(cfg, data)
+        data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
         return _fit_baseline(cfg, data, env, backend, run_dir, t_start)
 
@@ -803,6 +803,14 @@ def _train(
                 f"(fingerprint {theirs}), not {cfg.data_dir} (fingerprint {data.fingerprint}); "
                 "train it into a new --out"
             )
+        if resumed["train_config"].get("refit"):
+            data = data.merge_validation(backend.xp)
+            if cfg.refit is not None:
+                cfg = replace(cfg, refit=str(Path(cfg.refit).resolve()))
+    if data.merged_validation and cfg.target_hr is not None:
+        raise NcfError("--target-hr stops on the validation split, and a --refit run trains on it "
+                       "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip
+    n_train = int(data.train_users.shape[0])
     replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
     given_recency = cfg.recency_weight
@@ -916,7 +924,7 @@ def _train(
     builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
     lr_peak = cfg.lr
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
-    select = "validation" if data.has_validation else "test"
+    select = _selection(data)
     eval_sets = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held = data.held_out(split, backend.xp)
@@ -924,8 +932,7 @@ def _train(
         eval_sets[split] = tuple(backend.to_torch(a)[lo:hi] for a in held)
 
     # ---- the run directory (rank 0 only) -------------------------------------------------------
-    dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
-                    "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    dataset_info = _dataset_info(cfg, data)
     if env.is_main:
         if replace_run:
             remove_output(run_dir)
@@ -1053,7 +1060,7 @@ def _train(
 
             scores = {split: _evaluate(model, held, env, cfg.eval_batch)
                       for split, held in eval_sets.items()}  # fmt: skip
-            metrics = scores[select]
+            metrics = scores["test" if select == "last" else select]
             trained += 1
             record = {"epoch": epoch, "loss": epoch_loss, "validation": scores.get("validation"),
                       "test": scores["test"], "train_seconds": seconds,
@@ -1061,7 +1068,8 @@ def _train(
                       "lr": lr_first, "lr_end": lr_now}  # fmt: skip
             history.append(record)
             key = (metrics["hr@10"], metrics["ndcg@10"])
-            improved = best is None or key > (best[select]["hr@10"], best[select]["ndcg@10"])
+            improved = (best is None or select == "last"
+                        or key > (best[select]["hr@10"], best[select]["ndcg@10"]))  # fmt: skip
             if improved:
                 best = {"epoch": epoch, "selected_by": select, **scores}
             if env.is_main:
@@ -1073,7 +1081,8 @@ def _train(
                     )
                 run_log.epoch(history)
             hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
-            desc = f"{epoch}/{cfg.epochs} {select[:3]} HR {hr:.3f} NDCG {ndcg:.3f}"
+            shown = "test" if select == "last" else select[:3]
+            desc = f"{epoch}/{cfg.epochs} {shown} HR {hr:.3f} NDCG {ndcg:.3f}"
             bar.update(task, loss=f"{epoch_loss:.3f}", description=desc)
             del batches, users, items, labels, weights  # the views keep the epoch's arrays alive
             if cfg.target_hr is not None and metrics["hr@10"] >= cfg.target_hr:
@@ -1095,6 +1104,72 @@ def _train(
     )  # fmt: skip
 
 
+def _selection(data: PreparedData) -> str:
+    """What chooses best.pt: "validation"; "test" without a validation split (the NCF protocol,
+    and every report says so); "last" in a --refit run (its epochs were chosen beforehand)."""
+    if data.has_validation:
+        return "validation"
+    return "last" if data.merged_validation else "test"
+
+
+def _dataset_info(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
+    """The dataset as checkpoints and config.json record it (eval and recommend rebuild it)."""
+    info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
+            "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    if data.merged_validation:
+        info["merged_validation"] = True
+    return info
+
+
+def _refit_settings(cfg: TrainConfig, data: PreparedData) -> TrainConfig:
+    """`--refit RUN`: RUN's resolved settings (model, recipe, the recency weight its probe chose,
+    its seed) with --epochs set to the epoch RUN chose on validation, to be trained on train +
+    validation (PreparedData.merge_validation). Nothing is chosen on the test split: the refit's
+    model is its last epoch. RUN must be a finished run of this dataset whose epoch validation
+    chose; only REFIT_OWN options may be given beside it."""
+    source = Path(str(cfg.refit))
+    if not data.has_validation:
+        raise NcfError(f"--refit trains on the validation split that chose RUN's epochs, and "
+                       f"{cfg.data_dir} has none (prepared with --no-validation)", exit_code=2)  # fmt: skip
+    given = [
+        k for k, v in tunables(cfg).items() if v is not None and k not in REFIT_OWN + ("refit",)
+    ]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise NcfError(f"--refit takes every setting from {source}; drop {flag}", exit_code=2)
+    if not source.is_dir():
+        raise NcfError(f"--refit {source}: no such run directory")
+    state = ckpt.load_checkpoint(ckpt.find_checkpoint(source, "best"))
+    saved = dict(state["train_config"])
+    theirs = state["dataset"]
+    if theirs.get("fingerprint") != data.fingerprint:
+        raise NcfError(f"--refit {source} was trained on {theirs.get('path')} (fingerprint "
+                       f"{theirs.get('fingerprint')}), not {cfg.data_dir} "
+                       f"(fingerprint {data.fingerprint})")  # fmt: skip
+    if saved.get("refit") or theirs.get("merged_validation"):
+        raise NcfError(f"--refit {source} is itself a refit; pass the run it was refitted from")
+    best = state.get("best") or {}
+    if best.get("selected_by") != "validation":
+        raise NcfError(f"--refit {source}: its epoch was not chosen on a validation split")
+    planned = int(saved.get("epochs") or 1)
+    reached = (
+        saved.get("target_hr") is not None and best["validation"]["hr@10"] >= saved["target_hr"]
+    )
+    done = int(ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))["epoch"])
+    if done < planned and not reached:
+        raise NcfError(f"--refit {source} has trained {done} of its {planned} epochs, so its "
+                       f"choice is not final: finish it first (ncf train --resume --out {source})")  # fmt: skip
+    names = {f.name for f in fields(cfg)}
+    values = {k: v for k, v in {**LEGACY, **saved}.items() if k in names}
+    if values.get("layers") is not None:
+        values["layers"] = tuple(values["layers"])
+    for k in REFIT_OWN:
+        if getattr(cfg, k) is not None:
+            values[k] = getattr(cfg, k)
+    values.update(epochs=int(best["epoch"]), target_hr=None, refit=str(source.resolve()))
+    return replace(cfg, **values)
+
+
 def _load_towers(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
     """--pretrained-gmf / --pretrained-mlp: the validation-chosen epoch (best.pt) of each run,
     which must come from the same dataset, copied into the new NeuMF (model.load_towers)."""
@@ -1107,6 +1182,10 @@ def _load_towers(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
             raise NcfError(f"--pretrained-{kind} {path} was trained on {run.dataset_path} "
                            f"(fingerprint {run.dataset_fingerprint}), not {cfg.data_dir} "
                            f"(fingerprint {data.fingerprint})")  # fmt: skip
+        if run.state["dataset"].get("merged_validation") and not data.merged_validation:
+            raise NcfError(f"--pretrained-{kind} {path} was trained on the validation items "
+                           "(--refit), which would then choose this run's epoch; pass the run "
+                           "it was refitted from")  # fmt: skip
         towers[kind] = run.model
     try:
         model.load_towers(towers.get("gmf"), towers.get("mlp"))
@@ -1154,7 +1233,7 @@ def _fit_baseline(
         pos_weight = recency.recency_weights(data.train_age, r_weight, r_span, backend.xp,
                                              data.train_users, data.n_users)  # fmt: skip
     model, fit_seconds = baselines.fit(bcfg, data, backend, seed, pos_weight)
-    select = "validation" if data.has_validation else "test"
+    select = _selection(data)
     scores = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
@@ -1163,8 +1242,7 @@ def _fit_baseline(
               "test": scores["test"], "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
     best = {"epoch": 1, "selected_by": select, **scores}
-    dataset_info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
-                    "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    dataset_info = _dataset_info(cfg, data)
     if replace_run:
         remove_output(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

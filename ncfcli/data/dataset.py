@@ -97,6 +97,9 @@ class PreparedData:
             return users, self.test_items, self.test_negatives
         if split != "validation":
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if self.merged_validation:
+            raise NcfError(f"this run was trained on {self.path}'s validation items (ncf train "
+                           "--refit): evaluate --split test")  # fmt: skip
         if not self.has_validation:
             raise NcfError(
                 f"{self.path} has no validation split (prepared with --no-validation); "
@@ -122,6 +125,35 @@ class PreparedData:
         offsets = xp.zeros(self.n_users + 1, dtype=xp.int64)
         offsets[1:] = xp.cumsum(counts)
         return offsets, items[order]
+
+    def merge_validation(self, xp: Any) -> PreparedData:
+        """The dataset with each validation item moved into training (`ncf train --refit`): the
+        training positives `ncf prepare --no-validation` writes (sorted by (user, item)), with
+        the validation item the latest (age 0; the user's other ages one more), no validation
+        split, and the same test split, negatives and fingerprint. The meta says so
+        ("merged_validation": true) and counts the new n_train."""
+        if not self.has_validation:
+            raise NcfError(f"{self.path} has no validation split to merge into training")
+        n_items = self.n_items
+        users = xp.concatenate([self.train_users, self.valid_users])
+        items = xp.concatenate([self.train_items, self.valid_items])
+        order = xp.argsort(users.astype(xp.int64) * n_items + items, kind="stable")
+        age = None
+        if self.train_age is not None:
+            has_valid = xp.zeros(self.n_users, dtype=xp.int32)
+            has_valid[self.valid_users] = 1
+            older = self.train_age + has_valid[self.train_users]
+            age = xp.concatenate([older, xp.zeros_like(self.valid_users)])[order]
+        meta = {**self.meta, "validation": False, "n_valid": 0, "merged_validation": True,
+                "n_train": int(users.shape[0])}  # fmt: skip
+        return PreparedData(path=self.path, meta=meta, train_users=users[order],
+                            train_items=items[order], test_items=self.test_items,
+                            test_negatives=self.test_negatives, train_age=age)  # fmt: skip
+
+    @property
+    def merged_validation(self) -> bool:
+        """True for the view merge_validation() returns (validation items are training data)."""
+        return bool(self.meta.get("merged_validation"))
 
     @property
     def fingerprint(self) -> str:
