@@ -277,3 +277,20 @@ def test_training_under_cupy_rules_gives_numpys_run(
         got = run(tmp_path / "strict")
     assert strict.reads > reads  # the strict arrays were used (the sampler's deliberate read)
     assert got == want
+
+
+def test_merging_validation_under_cupy_rules_gives_numpys_arrays(
+    prepared: dict[str, Path],
+) -> None:
+    """`ncf train --refit`'s view of the data (PreparedData.merge_validation) under the strict
+    module: the same training arrays and ages as with NumPy, with no host read."""
+    want = load_prepared(prepared["numpy"], CPU).merge_validation(np)
+    reads = strict.reads
+    with no_implicit_numpy():
+        got = _strict_data(prepared["numpy"]).merge_validation(strict)
+    assert strict.reads == reads
+    for name in ("train_users", "train_items", "train_age", "test_items", "test_negatives"):
+        np.testing.assert_array_equal(
+            strict.asnumpy(getattr(got, name)), getattr(want, name), err_msg=name
+        )
+    assert got.meta == want.meta
