@@ -174,7 +174,7 @@ def recommend(
     run: PathLike | TrainResult, users: Sequence[str | int] | None = None, *, k: int = 10,
     all_users: bool = False, out: PathLike | None = None, overwrite: bool = False,
     fallback: str | None = None, strict: bool = False, data: PathLike | None = None,
-    eval_batch: int | None = None, device: str = "auto",
+    eval_batch: int | None = None, device: str = "auto", exclude_seen: bool = False,
 ) -> Recommendations | AllUsersResult:  # fmt: skip
     """`ncf recommend RUN`: top-K raw item ids for raw user ids, or every user into `out`.
 
@@ -186,7 +186,8 @@ def recommend(
     from ncfcli.recommend import RecommendConfig, run_recommend, run_recommend_all
 
     cfg = RecommendConfig(k=k, batch_rows=eval_batch, fallback=fallback, strict=strict,
-                          data=None if data is None else resolve_prepared(data))  # fmt: skip
+                          data=None if data is None else resolve_prepared(data),
+                          exclude_seen=exclude_seen)  # fmt: skip
     if all_users:
         if users:
             raise NcfError("all_users=True takes no users")

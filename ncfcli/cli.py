@@ -807,6 +807,13 @@ def recommend(
         rich_help_panel=DATA,
         show_default="the run's own",
     ),  # fmt: skip
+    exclude_seen: bool = typer.Option(
+        False,
+        "--exclude-seen",
+        rich_help_panel=DATA,
+        help="Also leave out each user's held-out items (validation, test): lists to serve. "
+        "Without it they stay candidates, as full-ranking evaluation scores them.",
+    ),  # fmt: skip
     eval_batch: int | None = _eval_batch(),
     device: str = _device(),
     k: int = _top_k(10, "Items per user.", OUTPUT),
@@ -821,7 +828,8 @@ def recommend(
     json_out: bool = _json("One JSON object per user per line: user, items, scores."),
     quiet: bool = _quiet("No notes on stderr (unknown users still set the exit status)."),
 ) -> None:
-    """Top-K items for raw user ids, excluding what each user interacted with in training.
+    """Top-K items for raw user ids, excluding what each user interacted with in training
+    (--exclude-seen: anywhere in the dataset).
 
     Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
@@ -832,7 +840,7 @@ def recommend(
     raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
     data_path = resolve_prepared(data) if data is not None else None
     cfg = RecommendConfig(k=k, batch_rows=eval_batch, data=data_path, fallback=fallback,
-                          strict=strict)  # fmt: skip
+                          strict=strict, exclude_seen=exclude_seen)  # fmt: skip
     if all_users:
         _recommend_all(resolve_run(run_dir), raw, cfg, out, overwrite, device, json_out, quiet)
         return

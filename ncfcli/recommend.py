@@ -4,7 +4,8 @@
 
 Candidates and scores come from `metrics.masked_scores`, the function the full-ranking metric
 uses: every item the user did not interact with in training (the held-out test item stays a
-candidate: it was hidden from training, so recommending it is a hit, not a leak). Scores are
+candidate: it was hidden from training, so recommending it is a hit, not a leak;
+`--exclude-seen` leaves out the held-out items too, for lists to serve). Scores are
 the model's logits (sigmoid(logit) is the predicted interaction probability); ranking on logits
 avoids the ties a float32 sigmoid creates near 0 and 1. Equal scores list the lower item id
 first.
@@ -41,6 +42,7 @@ class RecommendConfig:
     data: Path | None = None  # prepared dataset for id maps and training items; None = the run's
     fallback: str | None = None  # "popular": unknown users get the most popular training items
     strict: bool = False  # refuse the whole batch when any user is unknown
+    exclude_seen: bool = False  # also leave out the user's held-out (validation, test) items
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -166,7 +168,8 @@ def popular_items(data: Any, k: int, backend: Any) -> tuple[list[int], list[int]
 
 
 class _Scorer:
-    """The run's model and its dataset's training items on the device, scoring chunks of users."""
+    """The run's model and the items it leaves out per user (training positives; with
+    --exclude-seen, every positive) on the device, scoring chunks of users."""
 
     def __init__(self, run: Any, data: Any, cfg: RecommendConfig, backend: Any) -> None:
         from ncfcli.evaluate import rows_for
@@ -174,8 +177,13 @@ class _Scorer:
 
         device = backend.torch_device
         self.data = data
-        self.offsets = backend.to_torch(data.user_offsets(backend.xp)).to(device)
-        self.train_items = backend.to_torch(data.train_items).to(device)
+        offsets, known = (
+            data.seen(backend.xp)
+            if cfg.exclude_seen
+            else (data.user_offsets(backend.xp), data.train_items)
+        )
+        self.offsets = backend.to_torch(offsets).to(device)
+        self.known = backend.to_torch(known).to(device)
         self.model = run.model
         self.model.eval()
         self.device = device
@@ -190,9 +198,7 @@ class _Scorer:
 
         with torch.no_grad():
             users = torch.as_tensor(dense, dtype=torch.int64, device=self.device)
-            scores = masked_scores(
-                self.model, users, self.data.n_items, self.offsets, self.train_items
-            )
+            scores = masked_scores(self.model, users, self.data.n_items, self.offsets, self.known)
             items_t, top_t = top_items(scores, self.k)
             return items_t.cpu().numpy(), top_t.cpu().numpy()
 

@@ -55,6 +55,39 @@ def test_all_users_equal_per_user_recommend(table: dict, run_dir: Path, prepared
         assert [table["score"][i] for i in rows] == pytest.approx(want["scores"], abs=1e-6)
 
 
+def test_exclude_seen_leaves_out_every_held_out_item(
+    run_dir: Path, prepared_dir: Path, tmp_path: Path
+) -> None:
+    """Without --exclude-seen held-out items stay candidates (the full-ranking rule) and some
+    top lists hold one; with it, no user's list holds any item of theirs, train or held out,
+    and the rest of the list is the same ranking with those items taken out."""
+    from ncfcli.backend import get_backend
+    from ncfcli.data.dataset import load_prepared
+
+    data = load_prepared(prepared_dir, get_backend("cpu"))
+    user_ids, item_ids = load_id_maps(prepared_dir)
+    held = {(int(u), int(i)) for u, i in enumerate(data.test_items)}
+    held |= {(int(u), int(i)) for u, i in zip(data.valid_users, data.valid_items, strict=True)}
+    lists = {}
+    for extra in ([], ["--exclude-seen"]):
+        out = tmp_path / f"recs{len(extra)}.parquet"
+        res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "--out", str(out),
+                                  "-k", "40", "-q", *extra])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        t = pq.read_table(out).to_pydict()
+        dense_user = {raw: d for d, raw in enumerate(user_ids.tolist())}
+        dense_item = {raw: d for d, raw in enumerate(item_ids.tolist())}
+        lists[bool(extra)] = {}
+        for u, item in zip(t["user"], t["item"], strict=True):
+            lists[bool(extra)].setdefault(dense_user[u], []).append(dense_item[item])
+    hits = sum((u, i) in held for u, items in lists[False].items() for i in items)
+    assert hits > 0  # the check below can fail
+    for u, items in lists[True].items():
+        assert not any((u, i) in held for i in items)
+        kept = [i for i in lists[False][u] if (u, i) not in held]
+        assert items[: len(kept)] == kept
+
+
 def test_out_is_never_overwritten_unasked(run_dir: Path, tmp_path: Path) -> None:
     mine = tmp_path / "mine.parquet"
     mine.write_bytes(b"the user's own file")

@@ -114,17 +114,30 @@ class PreparedData:
         if not self.has_validation:
             return self.user_offsets(xp), self.train_items
         if split == "test":
-            other_users, other_items = self.valid_users, self.valid_items
-        else:
-            other_users = xp.arange(self.n_users, dtype=xp.int32)
-            other_items = self.test_items
-        users = xp.concatenate([self.train_users, other_users])
-        items = xp.concatenate([self.train_items, other_items])
-        order = xp.argsort(users, kind="stable")
-        counts = xp.bincount(users, minlength=self.n_users)
+            return self._csr([self.train_users, self.valid_users],
+                             [self.train_items, self.valid_items], xp)  # fmt: skip
+        everyone = xp.arange(self.n_users, dtype=xp.int32)
+        return self._csr([self.train_users, everyone], [self.train_items, self.test_items], xp)
+
+    def seen(self, xp: Any) -> tuple[Any, Any]:
+        """(offsets, items) in CSR form: every item each user interacted with in the prepared
+        data, training, validation and test (`ncf recommend --exclude-seen`)."""
+        users = [self.train_users, xp.arange(self.n_users, dtype=xp.int32)]
+        items = [self.train_items, self.test_items]
+        if self.has_validation:
+            users.append(self.valid_users)
+            items.append(self.valid_items)
+        return self._csr(users, items, xp)
+
+    def _csr(self, users: list[Any], items: list[Any], xp: Any) -> tuple[Any, Any]:
+        """The (user, item) pairs of the arrays in `users` / `items`, grouped by user (offsets
+        int64 [n_users + 1], items); within a user, in the order given."""
+        u = xp.concatenate(users)
+        order = xp.argsort(u, kind="stable")
+        counts = xp.bincount(u, minlength=self.n_users)
         offsets = xp.zeros(self.n_users + 1, dtype=xp.int64)
         offsets[1:] = xp.cumsum(counts)
-        return offsets, items[order]
+        return offsets, xp.concatenate(items)[order]
 
     def merge_validation(self, xp: Any) -> PreparedData:
         """The dataset with each validation item moved into training (`ncf train --refit`): the
