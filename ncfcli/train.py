@@ -787,7 +787,7 @@ def _train(
     data = load_prepared(cfg.data_dir, backend)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
     if cfg.refit is not None and not cfg.resume:
-        cfg = _refit_settings(cfg, data)
+        cfg = _refit_settings(cfg, data, env.world_size)
         data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
         return _fit_baseline(cfg, data, env, backend, run_dir, t_start)
@@ -1121,12 +1121,13 @@ def _dataset_info(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
     return info
 
 
-def _refit_settings(cfg: TrainConfig, data: PreparedData) -> TrainConfig:
+def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> TrainConfig:
     """`--refit RUN`: RUN's resolved settings (model, recipe, the recency weight its probe chose,
     its seed) with --epochs set to the epoch RUN chose on validation, to be trained on train +
     validation (PreparedData.merge_validation). Nothing is chosen on the test split: the refit's
     model is its last epoch. RUN must be a finished run of this dataset whose epoch validation
-    chose; only REFIT_OWN options may be given beside it."""
+    chose; only REFIT_OWN options may be given beside it. Under --scaling weak the global batch
+    is the per-rank batch x ranks, so such a run refits on as many ranks as it trained on."""
     source = Path(str(cfg.refit))
     if not data.has_validation:
         raise NcfError(f"--refit trains on the validation split that chose RUN's epochs, and "
@@ -1159,6 +1160,10 @@ def _refit_settings(cfg: TrainConfig, data: PreparedData) -> TrainConfig:
     if done < planned and not reached:
         raise NcfError(f"--refit {source} has trained {done} of its {planned} epochs, so its "
                        f"choice is not final: finish it first (ncf train --resume --out {source})")  # fmt: skip
+    ranks = int(state.get("world_size") or 1)
+    if saved.get("scaling") == "weak" and ranks != world_size:
+        raise NcfError(f"--refit {source} trained with --scaling weak on {ranks} process(es), whose "
+                       f"batches make its global batch: refit it on {ranks} too (--nproc/--gpus)")  # fmt: skip
     names = {f.name for f in fields(cfg)}
     values = {k: v for k, v in {**LEGACY, **saved}.items() if k in names}
     if values.get("layers") is not None:

@@ -149,8 +149,15 @@ def test_refit_refusals_are_one_line(tmp_path: Path) -> None:
     best = ckpt.load_checkpoint(unfinished / ckpt.BEST)
     best["train_config"]["epochs"] = 3
     ckpt.save_checkpoint(unfinished / ckpt.BEST, best)
+    # A weak-scaling run's global batch is its per-rank batch x its ranks.
+    weak = tmp_path / "weak"
+    train(data, weak, *RECIPE, "--epochs", 1)
+    best = ckpt.load_checkpoint(weak / ckpt.BEST)
+    best["train_config"]["scaling"], best["world_size"] = "weak", 2
+    ckpt.save_checkpoint(weak / ckpt.BEST, best)
     bad = tmp_path / "bad"
     cases = [
+        ((data, "--refit", weak), "refit it on 2 too (--nproc/--gpus)"),
         ((data, "--refit", tmp_path / "run", "--lr", 0.1), "--refit takes every setting from"),
         ((data, "--refit", tmp_path / "run", "--seed", 1), "drop --seed"),
         ((data, "--refit", tmp_path / "refit"), "is itself a refit"),
