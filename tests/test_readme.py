@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +129,22 @@ def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
     assert set(reports[0]["metrics"]) == {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "hr@20", "ndcg@20"}
     assert all(r["users"] == 60 for r in reports)
     assert (work / "runs" / "u" / "eval.json").is_file()
+
+
+def test_examples_refit_and_serve_scores_the_refit_and_serves_unseen_items(tmp_path: Path) -> None:
+    reports, work = _example_on_a_ratings_file(tmp_path, "refit_and_serve.sh")
+    run, refit, sampled, full, export, recs = reports
+    assert run["selected_by"] == "validation" and refit["selected_by"] == "last"
+    assert refit["best_epoch"] == run["best_epoch"] and refit["validation"] is None
+    assert sampled["metrics"]["hr@10"] == refit["metrics"]["hr@10"]
+    assert full["protocol"] == "full ranking" and export["max_abs_diff"] < 1e-4
+    config = json.loads((work / "runs" / "u-refit" / "config.json").read_text())
+    assert config["train"]["refit"] == str((work / "runs" / "u").resolve())
+    table = pq.read_table(work / "serve" / "u" / "top10.parquet").to_pydict()
+    assert recs["users"] == 60 and len(table["user"]) == 600
+    # Nothing the user rated comes back: the hand-made u.data rates (u * 13 + j * 7) % 150 + 1.
+    rated = {(u, (u * 13 + j * 7) % 150 + 1) for u in range(1, 61) for j in range(10)}
+    assert not rated & {(int(u), int(i)) for u, i in zip(table["user"], table["item"], strict=True)}
 
 
 def test_examples_ncf_paper_pretrains_neumf_from_gmf_and_mlp(tmp_path: Path) -> None:
