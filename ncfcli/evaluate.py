@@ -101,8 +101,7 @@ def resolve_data(run: Any, data_path: str | Path | None, backend: Any) -> tuple[
             f"the dataset this run was trained on ({path}) is gone; pass --data DATA_DIR"
         )
     data = load_prepared(path, backend)
-    if run.state["dataset"].get("merged_validation") and data.has_validation:
-        data = data.merge_validation(backend.xp)  # a --refit run: its validation items are training
+    data = data.as_trained(run.state["dataset"], backend.xp)
     cfg = run.model_config
     if (data.n_users, data.n_items) != (cfg.n_users, cfg.n_items):
         raise NcfError(

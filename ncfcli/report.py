@@ -100,11 +100,12 @@ def run_report(folder: Path) -> dict[str, Any]:
     config = _read_json(folder / "config.json")
     history = _history(folder)
     # As train.py chooses: validation HR@10 then NDCG@10 (test without a validation split);
-    # the first epoch wins a tie.
-    best = max(history, key=lambda h: _key(_chosen(h)), default=None)
+    # the first epoch wins a tie. A --refit run's model is its last epoch (test chose nothing).
     refit = bool(config.get("dataset", {}).get("merged_validation"))
-    if refit:  # a --refit run: its model is the last epoch, test chose nothing
+    if refit:
         best = history[-1] if history else None
+    else:
+        best = max(history, key=lambda h: _key(_chosen(h)), default=None)
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
     # "ndcg", ...}]}, one row per (split, protocol, k, dataset).
     evals: list[dict[str, Any]] = []

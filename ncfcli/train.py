@@ -803,10 +803,9 @@ def _train(
                 f"(fingerprint {theirs}), not {cfg.data_dir} (fingerprint {data.fingerprint}); "
                 "train it into a new --out"
             )
-        if resumed["train_config"].get("refit"):
-            data = data.merge_validation(backend.xp)
-            if cfg.refit is not None:
-                cfg = replace(cfg, refit=str(Path(cfg.refit).resolve()))
+        data = data.as_trained(resumed["dataset"], backend.xp)
+        if cfg.refit is not None:
+            cfg = replace(cfg, refit=str(Path(cfg.refit).resolve()))
     if data.merged_validation and cfg.target_hr is not None:
         raise NcfError("--target-hr stops on the validation split, and a --refit run trains on it "
                        "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip

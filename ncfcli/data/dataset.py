@@ -163,6 +163,13 @@ class PreparedData:
                             train_items=items[order], test_items=self.test_items,
                             test_negatives=self.test_negatives, train_age=age)  # fmt: skip
 
+    def as_trained(self, info: dict[str, Any], xp: Any) -> PreparedData:
+        """The view of this data a run trained on, from the `dataset` record of its checkpoint:
+        merged (merge_validation) for a --refit run, else the data as it is."""
+        if info.get("merged_validation") and self.has_validation:
+            return self.merge_validation(xp)
+        return self
+
     @property
     def merged_validation(self) -> bool:
         """True for the view merge_validation() returns (validation items are training data)."""
