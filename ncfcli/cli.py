@@ -375,6 +375,11 @@ def train(
         panel=DATA,
         default="10",
     ),  # fmt: skip
+    order_factors: int | None = _opt(
+        "Width of the order term: the logit gains <P[previous item], Q[item]>; 0 = off.",
+        "--order-factors",
+        panel=DATA,
+    ),  # fmt: skip
     approx_negatives: bool | None = _opt(
         "Unverified negatives, as NVIDIA's (may hit positives).",
         "--approx-negatives/--verified-negatives",
@@ -573,7 +578,7 @@ def train(
         model=model, factors=factors, layers=parse_layers(layers), dropout=dropout,
         pretrained_gmf=pretrained_gmf, pretrained_mlp=pretrained_mlp, refit=refit,
         neg_per_pos=neg_per_pos, approx_negatives=approx_negatives, seed=seed, target_hr=target_hr,
-        recency_weight=recency_weight, recency_span=recency_span,
+        recency_weight=recency_weight, recency_span=recency_span, order_factors=order_factors,
         amp=amp, amp_dtype=amp_dtype, tf32=tf32, scaling=scaling, warmup_epochs=warmup_epochs,
         lr_decay=lr_decay, als_reg=als_reg, als_alpha=als_alpha, als_iterations=als_iterations,
         ease_lambda=ease_lambda, knn_neighbours=knn_neighbours, knn_shrink=knn_shrink,
@@ -598,6 +603,7 @@ def train(
         ("split", result.dataset_split),
         *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
           if result.recency_weight or result.recency_probe else []),
+        ("order term", f"{result.order_factors} factors" if result.order_factors else "off"),
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),

@@ -15,7 +15,7 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
     (200_000, "< 200k (ml-100k)",
      {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
-      "l2": 1e-3, "recency_weight": 16.0}),
+      "l2": 1e-3, "recency_weight": 16.0, "order_factors": 64}),
     (5_000_000, "< 5M (ml-1m)",
      {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
@@ -45,13 +45,13 @@ MIN_BATCH = 1 << 12
 BASE: dict[str, Any] = {
     "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
     "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
-    "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
+    "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
     "keep_checkpoints": 3,
 }  # fmt: skip
 
 # Options whose default depends on the dataset's size (their help says so).
 BY_SIZE = ("model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers",
-           "dropout", "neg_per_pos", "l2", "recency_weight")  # fmt: skip
+           "dropout", "neg_per_pos", "l2", "recency_weight", "order_factors")  # fmt: skip
 
 
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:

@@ -142,6 +142,7 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
         metric_sums,
         sampled_ranks,
         sums_to_metrics,
+        uses_order,
     )
 
     model = run.model
@@ -160,6 +161,8 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
         candidates = f"{n_neg + 1} (held-out item + {n_neg} sampled negatives)"
         check_ks(cfg.ks, n_neg + 1, "sampled")
     rows = rows_for(backend, cfg.batch_rows)
+    # An order term scores each user after their latest item before the held-out one.
+    prev = backend.to_torch(data.context(cfg.split, xp)).to(device) if uses_order(model) else None
     with torch.no_grad():
         if cfg.full_ranking:
             # Ranks users by contiguous id ranges; a user without a validation item is scored
@@ -173,14 +176,15 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
             offsets_np, seen_np = data.known_positives(cfg.split, xp)
             offsets = backend.to_torch(offsets_np).to(device)
             seen = backend.to_torch(seen_np).to(device)
-            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows)
+            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows, prev)
             ranks = ranks[has[start:end]]
         else:
             start, end = env.shard(int(users_np.shape[0]))
             users = backend.to_torch(users_np).to(device)[start:end].long()
             held = backend.to_torch(held_np).to(device)[start:end]
             negatives = backend.to_torch(negatives_np).to(device)[start:end]
-            ranks = sampled_ranks(model, users, held, negatives, rows)
+            context = prev[users] if prev is not None else None
+            ranks = sampled_ranks(model, users, held, negatives, rows, context)
         sums = all_reduce_sum(metric_sums(ranks, cfg.ks), env)
     backend.synchronize()
     return {

@@ -1,7 +1,9 @@
 """`ncf export RUN_DIR --onnx [--out PATH] [--triton DIR]`: a model other programs can serve.
 
 The ONNX graph takes `user` and `item`, int64 [batch] dense ids (batch is dynamic, any size
->= 1), and returns `logit`, float32 [batch]: the raw model output, sigmoid(logit) being the
+>= 1), and a model with an order term (`ncf train --order-factors`) also `prev_item`, int64
+[batch]: the item the user interacted with last, or n_items for none. It returns `logit`,
+float32 [batch]: the raw model output, sigmoid(logit) being the
 predicted interaction probability. The logit is exported rather than the probability because
 float32 sigmoid saturates (every logit above ~17 becomes 1.0), which would turn distinct
 scores into ties when a server ranks items; a client that wants probabilities applies sigmoid.
@@ -32,6 +34,7 @@ from typing import Any
 from ncfcli.errors import NcfError
 
 INPUTS = ("user", "item")
+ORDER_INPUT = "prev_item"  # a model with an order term's third input
 OUTPUT = "logit"
 PARITY_BATCHES = (1, 7, 100_000)
 MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
@@ -85,7 +88,12 @@ def _writable_dir(path: Path, what: str) -> None:
         raise NcfError(f"{what} {path} is not writable")
 
 
-def _onnx_module(model: Any) -> Any:
+def inputs_for(model_config: Any) -> tuple[str, ...]:
+    """The graph's input names: user, item, and prev_item for a model with an order term."""
+    return INPUTS + ((ORDER_INPUT,) if getattr(model_config, "uses_order", False) else ())
+
+
+def _onnx_module(model: Any, n_inputs: int) -> Any:
     import torch
 
     class Scorer(torch.nn.Module):
@@ -98,17 +106,26 @@ def _onnx_module(model: Any) -> Any:
         def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
             return self.inner(user, item)
 
-    return Scorer(model).eval()
+    class OrderScorer(Scorer):
+        """(user [B], item [B], prev_item [B]) -> logit [B]."""
+
+        def forward(  # type: ignore[override]
+            self, user: torch.Tensor, item: torch.Tensor, prev_item: torch.Tensor
+        ) -> torch.Tensor:
+            return self.inner(user, item, prev_item)
+
+    return (OrderScorer if n_inputs == 3 else Scorer)(model).eval()
 
 
 def export_onnx(model: Any, path: Path, opset: int) -> None:
     """Write `model` (on the CPU, eval mode) as a single-file ONNX graph with a dynamic batch."""
     import torch
 
-    module = _onnx_module(model)
+    names = inputs_for(getattr(model, "cfg", None))
+    module = _onnx_module(model, len(names))
     # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
     # declared dynamic dim keep the graph batch-agnostic.
-    example = (torch.tensor([0, 1], dtype=torch.int64), torch.tensor([0, 1], dtype=torch.int64))
+    example = tuple(torch.tensor([0, 1], dtype=torch.int64) for _ in names)
     batch = torch.export.Dim("batch")
     # The exporter reports progress with print() and warnings; the CLI's stdout is for results.
     with (
@@ -121,8 +138,8 @@ def export_onnx(model: Any, path: Path, opset: int) -> None:
             module,
             example,
             dynamo=True,
-            dynamic_shapes=({0: batch}, {0: batch}),
-            input_names=list(INPUTS),
+            dynamic_shapes=tuple({0: batch} for _ in names),
+            input_names=list(names),
             output_names=[OUTPUT],
             opset_version=opset,
             external_data=False,
@@ -148,7 +165,8 @@ def _quiet_loggers() -> Any:
 def parity(
     model: Any, onnx_path: Path, n_users: int, n_items: int, seed: int = 0
 ) -> dict[int, float]:
-    """Max |onnxruntime - PyTorch| on random ids, per batch size in PARITY_BATCHES."""
+    """Max |onnxruntime - PyTorch| on random ids (previous items too, "none" among them, for
+    a model with an order term), per batch size in PARITY_BATCHES."""
     import numpy as np
     import onnxruntime as ort
     import torch
@@ -161,9 +179,14 @@ def parity(
         items = rng.integers(0, n_items, size=b, dtype=np.int64)
         # The largest ids must work too (an off-by-one in a table size shows up only there).
         users[-1], items[-1] = n_users - 1, n_items - 1
-        got = sess.run([OUTPUT], {"user": users, "item": items})[0]
+        feed = {"user": users, "item": items}
+        if len(sess.get_inputs()) == 3:
+            prev = rng.integers(0, n_items + 1, size=b, dtype=np.int64)
+            prev[-1] = n_items  # the "no previous item" row
+            feed[ORDER_INPUT] = prev
+        got = sess.run([OUTPUT], feed)[0]
         with torch.no_grad():
-            ref = model(torch.from_numpy(users), torch.from_numpy(items)).float().numpy()
+            ref = model(*(torch.from_numpy(a) for a in feed.values())).float().numpy()
         if got.shape != ref.shape:
             raise NcfError(
                 f"exported model returned shape {got.shape} for batch {b}, PyTorch {ref.shape}"
@@ -172,7 +195,7 @@ def parity(
     return out
 
 
-def triton_config(name: str, max_batch_size: int) -> str:
+def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...] = INPUTS) -> str:
     """config.pbtxt for the exported graph.
 
     The graph's tensors are [batch]; Triton's dims exclude the batch dim and may not be empty,
@@ -187,7 +210,7 @@ def triton_config(name: str, max_batch_size: int) -> str:
         f'name: "{name}"\n'
         'platform: "onnxruntime_onnx"\n'
         f"max_batch_size: {max_batch_size}\n"
-        "input [\n" + ",\n".join(tensor(n, "TYPE_INT64") for n in INPUTS) + "\n]\n"
+        "input [\n" + ",\n".join(tensor(n, "TYPE_INT64") for n in inputs) + "\n]\n"
         "output [\n" + tensor(OUTPUT, "TYPE_FP32") + "\n]\n"
         "dynamic_batching { }\n"
     )
@@ -197,14 +220,21 @@ def describe(
     run: Any, data_meta: dict, onnx_name: str, diffs: dict[int, float], opset: int
 ) -> dict:
     cfg = run.model_config
+    inputs: dict[str, Any] = {
+        "user": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_users - 1]},
+        "item": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items - 1]},
+    }
+    if ORDER_INPUT in inputs_for(cfg):
+        inputs[ORDER_INPUT] = {
+            "dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items],
+            "meaning": "the user's latest item before this one (item dense id); "
+                       f"{cfg.n_items} when there is none",
+        }  # fmt: skip
     return {
         "format": "ncfcli-onnx",
         "model_file": onnx_name,
         "opset": opset,
-        "inputs": {
-            "user": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_users - 1]},
-            "item": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items - 1]},
-        },
+        "inputs": inputs,
         "outputs": {
             OUTPUT: {
                 "dtype": "float32",
@@ -317,7 +347,9 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
                 (tdir / "1").mkdir()
                 write_marker(tdir / "1", "triton model", ["model.onnx"])
                 shutil.copyfile(onnx_tmp, tdir / "1" / "model.onnx")
-                (tdir / "config.pbtxt").write_text(triton_config(cfg.name, cfg.max_batch_size))
+                (tdir / "config.pbtxt").write_text(
+                    triton_config(cfg.name, cfg.max_batch_size, inputs_for(cfg_m))
+                )
                 for fname in ID_MAPS:
                     shutil.copyfile(tmp / fname, tdir / fname)
                 tdesc = dict(desc, model_file="1/model.onnx")

@@ -72,11 +72,13 @@ def sampled_ranks(
     test_items: torch.Tensor,
     test_negatives: torch.Tensor,
     max_rows: int = 1 << 20,
+    prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rank of each user's test item among its sampled negatives.
 
     users [U] dense ids; test_items [U]; test_negatives [U, N] (rows aligned with users), all
-    on the model's device. Scores are computed in chunks of at most `max_rows` pairs.
+    on the model's device; prev [U], each user's previous item, for a model with an order term
+    (PreparedData.context), else None. Scores are computed in chunks of at most `max_rows` pairs.
     """
     n_cand = test_negatives.shape[1] + 1
     chunk = max(1, max_rows // n_cand)
@@ -84,7 +86,13 @@ def sampled_ranks(
     for s in range(0, users.shape[0], chunk):
         u = users[s : s + chunk]
         items = torch.cat([test_items[s : s + chunk, None], test_negatives[s : s + chunk]], dim=1)
-        scores = model(u[:, None].expand_as(items).reshape(-1), items.reshape(-1)).float()
+        pairs: tuple[torch.Tensor, ...] = (
+            u[:, None].expand_as(items).reshape(-1),
+            items.reshape(-1),
+        )
+        if prev is not None:
+            pairs += (prev[s : s + chunk, None].expand_as(items).reshape(-1),)
+        scores = model(*pairs).float()
         scores = scores.view(-1, n_cand)
         out.append(positive_ranks(scores[:, 0], scores[:, 1:]))
     if not out:
@@ -104,18 +112,20 @@ def masked_scores(
     n_items: int,
     offsets: torch.Tensor,
     train_items: torch.Tensor,
+    prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores of `users` against every item, each user's training items set to -inf.
 
     users int64 [U] dense ids (any order); offsets int64 [n_users + 1] (CSR: user u's training
     items are train_items[offsets[u]:offsets[u + 1]]); train_items [n_train]; all on the
-    model's device. Returns float32 [U, n_items], the model's logits. One pass over all
+    model's device; prev [n_users] (by dense id) the order term's context, or None.
+    Returns float32 [U, n_items], the model's logits. One pass over all
     U * n_items pairs (NCF.score_all where the model has it) and one scatter for the mask: no
     Python loop over users.
     """
     device = users.device
     n = users.shape[0]
-    scores = _score_all(model, users, n_items)
+    scores = _score_all(model, users, n_items, prev[users] if prev is not None else None)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
@@ -131,14 +141,26 @@ def masked_scores(
     return scores
 
 
-def _score_all(model: torch.nn.Module, users: torch.Tensor, n_items: int) -> torch.Tensor:
-    """float32 [U, n_items] logits of users int64 [U] against every item."""
+def _score_all(
+    model: torch.nn.Module, users: torch.Tensor, n_items: int, prev: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 [U, n_items] logits of users int64 [U] (previous items prev [U] for a model with
+    an order term) against every item."""
     score_all = getattr(model, "score_all", None)
+    given = () if prev is None else (prev,)
     if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
-        return score_all(users).float()
+        return score_all(users, *given).float()
     n = users.shape[0]
     items = torch.arange(n_items, dtype=torch.int64, device=users.device)
-    return model(users.repeat_interleave(n_items), items.repeat(n)).float().view(n, n_items)
+    rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(n_items), items.repeat(n))
+    rows += tuple(p.repeat_interleave(n_items) for p in given)
+    return model(*rows).float().view(n, n_items)
+
+
+def uses_order(model: torch.nn.Module) -> bool:
+    """Does `model` score with an order term (a third input, the previous item)?"""
+    cfg = getattr(model, "cfg", None)
+    return bool(getattr(cfg, "uses_order", False))
 
 
 def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
@@ -168,11 +190,13 @@ def full_ranks(
     train_items: torch.Tensor,
     test_items: torch.Tensor,
     max_rows: int = 1 << 20,
+    prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Full-ranking rank of each test item for users [user_start, user_end).
 
     offsets int64 [n_users + 1] and train_items [n_train] as in `masked_scores`; test_items
-    [n_users] (indexed by dense user id); all on the model's device. Every item the user did
+    [n_users] (indexed by dense user id), and prev [n_users] likewise for a model with an order
+    term; all on the model's device. Every item the user did
     not interact with in training is a candidate, the test item included. Users are scored in
     chunks of `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start].
 
@@ -192,7 +216,7 @@ def full_ranks(
     for c, s in enumerate(starts):
         e = min(s + step, user_end)
         users = torch.arange(s, e, dtype=torch.int64, device=device)
-        scores = _score_all(model, users, n_items)
+        scores = _score_all(model, users, n_items, prev[s:e] if prev is not None else None)
         lo, hi = bounds[c], bounds[c + 1]
         if hi > lo:
             pos = torch.arange(lo, hi, dtype=torch.int64, device=device)

@@ -10,6 +10,13 @@ is the predicted probability of an interaction. Ids are dense (as prepared), int
 - gmf / mlp: one tower with its own head.
 - mf: dot product plus user, item and global biases (Rendle et al., 2020).
 
+Any kind may add an order term (`order_factors` > 0, FPMC-style: Rendle et al., 2010): the
+logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before
+(training: the positive's predecessor by time; scoring: the user's latest item before the
+one scored; n_items, P's last row, where there is none). P [n_items + 1, order_factors] and
+Q [n_items, order_factors] are N(0, 0.01) like the other tables. Such a model takes prev as a
+third input everywhere: forward(users, items, prev), score_all(users, prev), the ONNX graph.
+
 Each tower has its own user and item tables, and no concatenation is ever materialised: the
 layers that read one (the MLP's first layer, the NeuMF head) are `SplitLinear`s, one weight
 block per input, y = b + sum_k x_k W_k^T, which is nn.Linear on the concatenation written out.
@@ -55,6 +62,7 @@ class ModelConfig:
         default=(256, 256, 128, 64)
     )  # MLP sizes; layers[0] = 2 x MLP embedding
     dropout: float = 0.5  # dropout after each MLP hidden layer
+    order_factors: int = 0  # width of the order term's tables (0: no order term)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,6 +78,8 @@ class ModelConfig:
                 raise ValueError(f"--layers: the first size must be even, got {self.layers[0]}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.order_factors < 0:
+            raise ValueError(f"--order-factors must be >= 0, got {self.order_factors}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -90,6 +100,10 @@ class ModelConfig:
     @property
     def uses_mlp(self) -> bool:
         return self.kind in ("neumf", "mlp")
+
+    @property
+    def uses_order(self) -> bool:
+        return self.order_factors > 0
 
 
 class _Gather(torch.autograd.Function):
@@ -185,6 +199,9 @@ class NCF(nn.Module):
         self.item_gmf = self._table(cfg.n_items, self.mf_dim)
         self.user_mlp = self._table(cfg.n_users, self.mlp_dim)
         self.item_mlp = self._table(cfg.n_items, self.mlp_dim)
+        # The order term: P (one row per previous item, the last for "none") and Q.
+        self.prev_item = self._table(cfg.n_items + 1, cfg.order_factors)
+        self.next_item = self._table(cfg.n_items, cfg.order_factors)
         # MLP: the first layer reads (user, item) embeddings as two blocks; the rest is plain.
         self.mlp_in: SplitLinear | None = None
         rest: list[nn.Module] = []
@@ -231,7 +248,8 @@ class NCF(nn.Module):
 
     def tables(self) -> list[nn.Embedding]:
         """The embedding tables (user side first in each tower), for row-wise penalties."""
-        found = (self.user_gmf, self.item_gmf, self.user_mlp, self.item_mlp)
+        found = (self.user_gmf, self.item_gmf, self.user_mlp, self.item_mlp,
+                 self.prev_item, self.next_item)  # fmt: skip
         return [t for t in found if t is not None]
 
     @torch.no_grad()
@@ -279,12 +297,16 @@ class NCF(nn.Module):
             bias += share * other.head.bias
         self.head.bias.copy_(bias + own * self.head.bias)
 
-    def row_sq_sum(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """Sum of squares of the embedding rows that (users [B], items [B]) read -> [] float."""
+    def row_sq_sum(
+        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Sum of squares of the embedding rows that (users [B], items [B], prev [B]) read
+        -> [] float."""
         total = users.new_zeros((), dtype=torch.float32)
         for table, ids in ((self.user_gmf, users), (self.item_gmf, items),
-                           (self.user_mlp, users), (self.item_mlp, items)):  # fmt: skip
-            if table is None:
+                           (self.user_mlp, users), (self.item_mlp, items),
+                           (self.prev_item, prev), (self.next_item, items)):  # fmt: skip
+            if table is None or ids is None:
                 continue
             w = table.weight
             if ids.shape[0] > w.shape[0]:
@@ -327,10 +349,33 @@ class NCF(nn.Module):
                 h = _ReluDropout.apply(layer(h), p)
         return h
 
-    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """users [B], items [B] (int32/int64) -> logits [B]."""
+    def _check_prev(self, prev: torch.Tensor | None) -> torch.Tensor | None:
+        if (prev is not None) != self.cfg.uses_order:
+            raise ValueError("a model with an order term scores (user, item, previous item); "
+                             "one without it (user, item)" if prev is None else
+                             "this model has no order term: it takes no previous item")  # fmt: skip
+        return prev
+
+    def _order(self, items: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """The order term <P[prev], Q[item]> [B]."""
+        assert self.prev_item is not None and self.next_item is not None
+        p = self._rows(self.prev_item.weight, prev)
+        return (p * self._rows(self.next_item.weight, items)).sum(dim=-1)
+
+    def forward(
+        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """users [B], items [B] (int32/int64), and prev [B] for a model with an order term
+        -> logits [B]."""
+        prev = self._check_prev(prev)
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
+            prev = prev.long() if prev is not None else None
+        out = self._pair(users, items)
+        return out if prev is None else out + self._order(items, prev)
+
+    def _pair(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """The (user, item) logit [B], without the order term."""
         parts: list[torch.Tensor] = []
         if self.user_gmf is not None and self.item_gmf is not None:
             u = self._rows(self.user_gmf.weight, users)
@@ -352,16 +397,24 @@ class NCF(nn.Module):
         assert self.head is not None
         return self.head(*parts)[:, 0]
 
-    def score_all(self, users: torch.Tensor) -> torch.Tensor:
-        """users [U] -> logits [U, n_items] against every item: forward() on all U * n_items
-        pairs, with the towers factored so ranking the catalogue costs less.
+    def score_all(self, users: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """users [U] (and prev [U], each user's previous item, for a model with an order term)
+        -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the
+        towers factored so ranking the catalogue costs less.
 
         GMF's head term sum_f w_f u_f i_f is the matrix product (u * w) @ items.T, MF is a dot
         product plus biases, and the MLP's first layer is applied once per user and once per
         item (W [u; i] = W_u u + W_i i) before the per-pair layers. Same maths as forward();
         floats may differ in the last bits (another summation order). Call in eval mode.
         """
-        users = users.long()
+        prev = self._check_prev(prev)
+        out = self._score_pairs(users.long())
+        if prev is None:
+            return out
+        assert self.prev_item is not None and self.next_item is not None
+        return out + self.prev_item.weight[prev.long()] @ self.next_item.weight.t()
+
+    def _score_pairs(self, users: torch.Tensor) -> torch.Tensor:
         if self.cfg.kind == "mf":
             assert self.user_gmf is not None and self.item_gmf is not None
             dot = self.user_gmf.weight[users] @ self.item_gmf.weight.t()

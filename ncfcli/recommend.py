@@ -15,6 +15,10 @@ as a batch with `--strict` (exit 1), or given the most popular training items wi
 `--fallback popular`. `--all-users` scores users in chunks on the device and streams each
 chunk's top-K into a Parquet (or CSV) file: user, rank, item, score, plus title when the
 prepared dataset has item titles (data/sources.py).
+
+A model with an order term (`ncf train --order-factors`) scores each user after an item of
+theirs (see _Scorer); the JSON lists name it as "after", the raw id to pass an exported model
+as `prev_item` for the same list (examples/serve_onnx.py --after).
 """
 
 from __future__ import annotations
@@ -169,11 +173,16 @@ def popular_items(data: Any, k: int, backend: Any) -> tuple[list[int], list[int]
 
 class _Scorer:
     """The run's model and the items it leaves out per user (training positives; with
-    --exclude-seen, every positive) on the device, scoring chunks of users."""
+    --exclude-seen, every positive) on the device, scoring chunks of users.
+
+    A model with an order term scores each user after an item of theirs, as evaluation does
+    (PreparedData.context): by default the one before the test item, the list the full-ranking
+    test metric ranks; with --exclude-seen the test item itself, the user's latest, so the
+    list is what comes after everything the data holds."""
 
     def __init__(self, run: Any, data: Any, cfg: RecommendConfig, backend: Any) -> None:
         from ncfcli.evaluate import rows_for
-        from ncfcli.metrics import chunk_users
+        from ncfcli.metrics import chunk_users, uses_order
 
         device = backend.torch_device
         self.data = data
@@ -186,6 +195,12 @@ class _Scorer:
         self.known = backend.to_torch(known).to(device)
         self.model = run.model
         self.model.eval()
+        self.prev = None
+        self.after: Any = None  # host int [n_users]: the context item, for the JSON lists
+        if uses_order(self.model):
+            context = data.context("next" if cfg.exclude_seen else "test", backend.xp)
+            self.prev = backend.to_torch(context).to(device)
+            self.after = backend.to_numpy(context)
         self.device = device
         self.k = cfg.k
         self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows))
@@ -198,7 +213,8 @@ class _Scorer:
 
         with torch.no_grad():
             users = torch.as_tensor(dense, dtype=torch.int64, device=self.device)
-            scores = masked_scores(self.model, users, self.data.n_items, self.offsets, self.known)
+            scores = masked_scores(self.model, users, self.data.n_items, self.offsets, self.known,
+                                   self.prev)  # fmt: skip
             items_t, top_t = top_items(scores, self.k)
             return items_t.cpu().numpy(), top_t.cpu().numpy()
 
@@ -227,17 +243,20 @@ def recommend(
             keep = top[row] != float("-inf")  # fewer candidates than k: drop the masked tail
             lists[u] = (items[row][keep].tolist(), [float(x) for x in top[row][keep]])
 
-    def entry(user: Any, dense_items: list[int], scores: list[float]) -> dict:
+    def entry(user: Any, dense_items: list[int], scores: list[float], dense_u: int = -1) -> dict:
         rec = {"user": user, "items": [_py(item_ids[j]) for j in dense_items], "scores": scores}
         if titles is not None:
             rec["titles"] = [titles[j] for j in dense_items]
+        if scorer.after is not None and dense_u >= 0:  # the order term's context item
+            prev = int(scorer.after[dense_u])
+            rec["after"] = _py(item_ids[prev]) if prev < data.n_items else None
         return rec
 
     popular = popular_items(data, cfg.k, backend) if unknown and cfg.fallback == "popular" else None
     results: list[dict] = []
     for raw, dense_u in zip(raw_users, found, strict=True):
         if dense_u is not None:
-            results.append(entry(_py(user_ids[dense_u]), *lists[dense_u]))
+            results.append(entry(_py(user_ids[dense_u]), *lists[dense_u], dense_u))
         elif popular is not None:
             results.append({**entry(raw, popular[0], [float(c) for c in popular[1]]),
                             "fallback": "popular"})  # fmt: skip

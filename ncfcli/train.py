@@ -114,7 +114,7 @@ CPU_ONE_THREAD_BELOW = 8192
 LR_SCALE_POWER = 0.75
 LR_SCALE_CAP = 8.0
 LR_WARMUP_EPOCHS = 0  # a warm-up epoch cost 0.007-0.016 validation HR@10 at 2^16-2^17 on ml-100k
-ARCH_FIELDS = ("model", "factors", "layers", "dropout")
+ARCH_FIELDS = ("model", "factors", "layers", "dropout", "order_factors")
 # What --resume may not change, and why (every other option may: it applies from the next step
 # and config.json's `resumes` records the change). The architecture is the checkpoint's weights;
 # seed, negatives, batch and scaling define every epoch's samples and steps, which is what makes
@@ -136,7 +136,13 @@ FIXED_ON_RESUME = {
 REFIT_OWN = ("micro_batch", "eval_batch", "keep_checkpoints")
 # Options added after runs were first saved, with the value that reproduces what such a run
 # did: resuming it keeps that value, not today's default.
-LEGACY = {"recency_weight": 0.0}
+LEGACY = {"recency_weight": 0.0, "order_factors": 0}
+# Defaults that need the time order of the training positives: these values without one.
+TIME_DEFAULTS: dict[str, Any] = {"recency_weight": 0.0, "order_factors": 0}
+# Of those, the ones the validation probe (recency.probe) also keeps on or turns off. The order
+# term is not among them: on ml-100k-sparse it gained 0.03 validation HR@10 where the probe
+# finds nothing (z 0.0), and cost 0.003 where times are random (docs/training-defaults.md).
+PROBED = ("recency_weight",)
 RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "metrics.csv", "curves.png",
                "tensorboard")  # fmt: skip
 
@@ -168,6 +174,7 @@ class TrainConfig:
     neg_per_pos: int | None = None  # training negatives drawn per positive each epoch
     recency_weight: float | None = None  # a positive weighs 1 + this x exp(-age / recency_span)
     recency_span: float | None = None  # positions back (by time) over which that weight decays by e
+    order_factors: int | None = None  # width of the order term (the previous item's pull; 0 = off)
     approx_negatives: bool | None = None  # NVIDIA's unverified negatives (may hit positives)
     seed: int | None = None  # seeds the model, the negatives, the order and dropout
     target_hr: float | None = None  # stop once validation HR@10 reaches this (test without one)
@@ -214,6 +221,12 @@ class TrainConfig:
                 "one of " + ", ".join(KINDS + baselines.KINDS),
             ),
             ("--factors", self.factors, self.factors is None or self.factors >= 1, ">= 1"),
+            (
+                "--order-factors",
+                self.order_factors,
+                self.order_factors is None or self.order_factors >= 0,
+                ">= 0",
+            ),
             ("--dropout", self.dropout, self.dropout is None or 0 <= self.dropout < 1, "in [0, 1)"),
             (
                 "--neg-per-pos",
@@ -410,6 +423,7 @@ class TrainResult:
     peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
+    order_factors: int = 0  # the --order-factors the run trained with
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -423,6 +437,7 @@ class TrainResult:
             "samples_per_second": self.samples_per_second,
             "seconds": self.seconds,
             "recency_weight": self.recency_weight,
+            "order_factors": self.order_factors,
         }
         if self.peak_gpu_bytes is not None:
             out["peak_gpu_bytes"] = self.peak_gpu_bytes
@@ -462,14 +477,15 @@ def _read_json(path: Path) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def _check_ages(cfg: TrainConfig, data: PreparedData) -> None:
-    """Refuse a --recency-weight the dataset cannot serve (no time order of its positives)."""
+def _check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
+    """Refuse a `flag` (--recency-weight, --order-factors) the dataset cannot serve: it has no
+    time order of its positives."""
     if data.train_age is not None:
         return
     why = (f"it was prepared with --split {data.split_method}" if data.split_method != "time"
            else "it was prepared by an ncf older than 0.2")  # fmt: skip
-    raise NcfError(f"--recency-weight needs the time order of the training positives, and "
-                   f"{cfg.data_dir} has none ({why}); drop --recency-weight, or re-run "
+    raise NcfError(f"{flag} needs the time order of the training positives, and "
+                   f"{cfg.data_dir} has none ({why}); drop {flag}, or re-run "
                    "`ncf prepare` (with --split time)", exit_code=2)  # fmt: skip
 
 
@@ -569,13 +585,14 @@ def _slice_loss(
     items: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor | None,
+    prev: torch.Tensor | None,
     l2: float,
     n: int,
 ) -> torch.Tensor:
     """These rows' share of a batch of n samples' loss: the weighted BCE (their mean when they
     are the whole batch, as a plain step computes it, else their sum / n) plus the L2 of their
-    embedding rows / n."""
-    logits = ddp(users, items).float()
+    embedding rows / n. `prev`: the order term's previous items, or None without one."""
+    logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
     if labels.shape[0] == n:
         loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
     else:
@@ -584,7 +601,7 @@ def _slice_loss(
         ).div(n)
     if l2:
         # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
-        loss = loss + l2 * model.row_sq_sum(users, items) / n
+        loss = loss + l2 * model.row_sq_sum(users, items, prev) / n
     return loss
 
 
@@ -595,6 +612,7 @@ def _step_gradients(
     items: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor | None,
+    prev: torch.Tensor | None,
     cfg: TrainConfig,
     amp_ctx: Any,
     scaler: torch.amp.GradScaler,
@@ -608,7 +626,7 @@ def _step_gradients(
     size = min(n, cfg.micro_batch or n)
     if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
-            loss = _slice_loss(ddp, model, users, items, labels, weights, l2, n)
+            loss = _slice_loss(ddp, model, users, items, labels, weights, prev, l2, n)
         scaler.scale(loss).backward()
         return loss.detach()
     total = torch.zeros((), dtype=torch.float32, device=labels.device)
@@ -617,9 +635,11 @@ def _step_gradients(
         hi = min(n, lo + size)
         sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
         w = weights[lo:hi] if weights is not None else None
+        p = prev[lo:hi] if prev is not None else None
         with sync:  # backward under no_sync too: it is where DDP would all-reduce
             with amp_ctx():
-                loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, l2, n)
+                loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, p,
+                                   l2, n)  # fmt: skip
             scaler.scale(loss).backward()
         total += loss.detach()
     return total
@@ -632,7 +652,7 @@ def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
 
 def _evaluate(
     model: torch.nn.Module,
-    eval_set: tuple[Any, Any, Any],
+    eval_set: tuple[Any, ...],
     env: DistEnv,
     max_rows: int,
 ) -> dict[str, float]:
@@ -642,14 +662,14 @@ def _evaluate(
     would round to one value and the tie rule would count the negative ahead of the positive.
     TF32 (10 bits) is off here too, so the figures are `ncf eval`'s.
     """
-    users, test_items, test_negs = eval_set
+    users, test_items, test_negs, *prev = eval_set  # prev: the order term's context, if any
     was_training = model.training
     model.eval()
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         with torch.autocast(users.device.type, enabled=False):
-            ranks = sampled_ranks(model, users, test_items, test_negs, max_rows=max_rows)
+            ranks = sampled_ranks(model, users, test_items, test_negs, max_rows, *prev)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     model.train(was_training)
@@ -812,18 +832,20 @@ def _train(
     n_train = int(data.train_users.shape[0])
     replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
-    given_recency = cfg.recency_weight
+    given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
     cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
     probed = None
-    if cfg.recency_weight and given_recency is None and saved is None:
+    wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
+    if wanted:
         # The size default says "on": the validation split decides whether time says anything.
         probed = recency.probe(data, backend.xp, seed=0)
         if probed is None or not probed.on:
-            cfg = replace(cfg, recency_weight=0.0)
-    if cfg.recency_weight and data.train_age is None:
-        if given_recency:
-            _check_ages(cfg, data)
-        cfg = replace(cfg, recency_weight=0.0)  # a resumed run's default where there is no time
+            cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
+    for name, off in TIME_DEFAULTS.items():
+        if getattr(cfg, name) and data.train_age is None:
+            if given[name]:
+                _check_ages(cfg, data, "--" + name.replace("_", "-"))
+            cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
@@ -835,7 +857,8 @@ def _train(
     try:
         model_cfg = ModelConfig(kind=cfg.model or "neumf", n_users=data.n_users, n_items=data.n_items,
                                 factors=cfg.factors or 1, layers=tuple(cfg.layers or (2,)),
-                                dropout=cfg.dropout or 0.0)  # fmt: skip
+                                dropout=cfg.dropout or 0.0,
+                                order_factors=cfg.order_factors or 0)  # fmt: skip
     except ValueError as e:
         raise NcfError(str(e), exit_code=2) from None
 
@@ -908,8 +931,10 @@ def _train(
         pos_weight = recency.recency_weights(data.train_age, float(cfg.recency_weight),
                                              float(cfg.recency_span or 1.0), backend.xp,
                                              data.train_users, data.n_users)  # fmt: skip
+    pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
     sampler = NegativeSampler(data, backend, cfg.neg_per_pos or 4, approx=bool(cfg.approx_negatives),
-                              seed=cfg.seed or 0, env=env, pos_weight=pos_weight)  # fmt: skip
+                              seed=cfg.seed or 0, env=env, pos_weight=pos_weight,
+                              pos_prev=pos_prev)  # fmt: skip
     local_batch = (
         cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
     )
@@ -926,7 +951,9 @@ def _train(
     select = _selection(data)
     eval_sets = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
-        held = data.held_out(split, backend.xp)
+        held: tuple[Any, ...] = data.held_out(split, backend.xp)
+        if cfg.order_factors:  # each user's latest item before the held-out one
+            held += (data.context(split, backend.xp)[held[0]],)
         lo, hi = env.shard(int(held[0].shape[0]))
         eval_sets[split] = tuple(backend.to_torch(a)[lo:hi] for a in held)
 
@@ -996,10 +1023,11 @@ def _train(
             warm_steps = (cfg.warmup_epochs or 0) * n_steps
             decay_steps = cfg.epochs * n_steps if cfg.lr_decay not in (None, "none") else 0
             step = first
-            users = items = labels = weights = None  # bound when a resume starts past the last step
+            # Bound when a resume starts past the last step.
+            users = items = labels = weights = prev = None
             dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
             lr_first = lr_now = None
-            for users, items, labels, weights in batches.batches(first):
+            for users, items, labels, weights, prev in batches.batches(first):
                 if cfg.dropout:
                     _seed_dropout(device, dropout_base, step)
                 # Set every step (a resumed run's optimizer state holds the old run's lr).
@@ -1014,7 +1042,7 @@ def _train(
                     g["lr"] = lr_now
                 optimizer.zero_grad(set_to_none=True)
                 loss = _step_gradients(
-                    ddp, model, users, items, labels, weights, cfg, amp_ctx, scaler
+                    ddp, model, users, items, labels, weights, prev, cfg, amp_ctx, scaler
                 )
                 scaler.step(optimizer)
                 scaler.update()
@@ -1100,6 +1128,7 @@ def _train(
         parameters=n_params, device=backend.describe(), world_size=env.world_size,
         peak_gpu_bytes=backend.peak_memory_bytes(), recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=probed.to_dict() if probed is not None else None,
+        order_factors=int(cfg.order_factors or 0),
     )  # fmt: skip
 
 
@@ -1222,7 +1251,10 @@ def _fit_baseline(
         raise NcfError(f"--recency-weight applies to the NCF models and --model als, "
                        f"not --model {kind}", exit_code=2)  # fmt: skip
     if r_weight:
-        _check_ages(cfg, data)
+        _check_ages(cfg, data, "--recency-weight")
+    if cfg.order_factors:
+        raise NcfError(f"--order-factors applies to the NCF models, not --model {kind}",
+                       exit_code=2)  # fmt: skip
     keep = {"als": ("factors", "als_reg", "als_alpha", "als_iterations"), "ease": ("ease_lambda",),
             "itemknn": ("knn_neighbours", "knn_shrink")}.get(kind, ())  # fmt: skip
     seed = cfg.seed or 0

@@ -126,13 +126,15 @@ def test_a_user_with_every_item_is_refused_unless_approx() -> None:
 
 def test_batches_are_zero_copy_views(prepared_dir: Path) -> None:
     data = load_prepared(prepared_dir, CPU)
-    batches = NegativeSampler(data, CPU, 4, seed=0).epoch(1, 256)
+    batches = NegativeSampler(data, CPU, 4, seed=0, pos_prev=data.previous_items(np)).epoch(1, 256)
     arrays = batches.arrays
-    for tensor, array in zip((batches.users, batches.items, batches.labels), arrays, strict=True):
+    tensors = (batches.users, batches.items, batches.labels, batches.prev)
+    for tensor, array in zip(tensors, arrays, strict=True):
         assert tensor.data_ptr() == array.ctypes.data
-    u, i, y, w = list(batches.batches(2))[0]  # the third batch
+    u, i, y, w, p = list(batches.batches(2))[0]  # the third batch
     assert w is None  # no --recency-weight: every sample weighs 1
     assert u.data_ptr() == arrays[0].ctypes.data + 2 * 256 * 4
+    assert p.data_ptr() == arrays[3].ctypes.data + 2 * 256 * 4  # the order term's previous items
     assert y.untyped_storage().data_ptr() == arrays[2].ctypes.data
     sizes = [b[0].shape[0] for b in batches]
     assert len(batches) == len(sizes) and sum(sizes) == batches.n_samples

@@ -252,18 +252,21 @@ def test_full_ranking_reads_the_device_once(
     assert torch.equal(ranks, expected)
 
 
+@pytest.mark.parametrize("order", [0, 4])
 def test_training_under_cupy_rules_gives_numpys_run(
-    prepared: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prepared: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, order: int
 ) -> None:
     """`train()` itself (the data on the device, the epoch built on the prefetch thread, the
-    evaluation set) with the strict module: the same losses and metrics as with NumPy."""
+    evaluation set; with an order term, the previous items and contexts) with the strict
+    module: the same losses and metrics as with NumPy."""
     from ncfcli import train as train_mod
     from ncfcli.distributed import DistEnv
 
     def run(out: Path) -> list[dict[str, Any]]:
         cfg = train_mod.TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu",
                                     epochs=2, batch_size=512, factors=4, layers=(8, 4),
-                                    dropout=0.2, neg_per_pos=3, seed=1)  # fmt: skip
+                                    dropout=0.2, neg_per_pos=3, seed=1,
+                                    order_factors=order)  # fmt: skip
         train_mod.train(cfg, env=DistEnv())
         lines = (out / "metrics.jsonl").read_text().splitlines()
         keys = ("epoch", "loss", "validation", "test")
@@ -294,3 +297,18 @@ def test_merging_validation_under_cupy_rules_gives_numpys_arrays(
             strict.asnumpy(getattr(got, name)), getattr(want, name), err_msg=name
         )
     assert got.meta == want.meta
+
+
+def test_order_contexts_under_cupy_rules_give_numpys_arrays(prepared: dict[str, Path]) -> None:
+    """The order term's inputs (PreparedData.previous_items and .context) under the strict
+    module: NumPy's arrays, reading the device once (the largest age)."""
+    want = load_prepared(prepared["numpy"], CPU)
+    data = _strict_data(prepared["numpy"])
+    reads = strict.reads
+    with no_implicit_numpy():
+        prev = data.previous_items(strict)
+        contexts = {s: data.context(s, strict) for s in ("validation", "test", "next")}
+    assert strict.reads == reads + 1
+    np.testing.assert_array_equal(strict.asnumpy(prev), want.previous_items(np))
+    for split, got in contexts.items():
+        np.testing.assert_array_equal(strict.asnumpy(got), want.context(split, np), err_msg=split)

@@ -46,6 +46,8 @@ TINY = [
     "0.01",
     "--seed",
     "3",
+    "--order-factors",  # the order term's inputs travel through the ranks too
+    "8",
 ]
 
 

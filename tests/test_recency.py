@@ -129,10 +129,10 @@ def test_each_positive_carries_its_weight_and_negatives_weigh_one(prepared_dir: 
     plain = NegativeSampler(data, CPU, 4, seed=2).epoch(1, 500)
     for a, b in zip(batches.arrays[:3], plain.arrays, strict=True):
         np.testing.assert_array_equal(a, b)
-    got = [w for *_, w in batches]
+    got = [b[3] for b in batches]  # (users, items, labels, weights, previous items)
     assert all(isinstance(w, torch.Tensor) for w in got)
     assert torch.equal(torch.cat(got), torch.from_numpy(weights))
-    assert all(w is None for *_, w in plain)
+    assert all(b[3] is None for b in plain)
 
 
 def test_the_weight_changes_training_and_is_recorded(prepared_dir: Path, tmp_path: Path) -> None:

@@ -65,6 +65,7 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
         "samples_per_second",
         "seconds",
         "recency_weight",
+        "order_factors",
     }
     assert (out["selected_by"], out["dataset_split"]) == ("validation", "time")
     assert set(out["metrics"]) == set(out["validation"]) == {"hr@10", "ndcg@10"}

@@ -40,7 +40,8 @@ negatives (measured on ml-100k: HR@10 0.709 with the leak, 0.674 without).
 Memory, in bytes per training sample of this rank (n = N / W samples):
 
     epoch arrays kept for training   users int32 4 + items int32 4 + labels float32 4 = 12
-                                     (+ weights float32 4 with --recency-weight)
+                                     (+ weights float32 4 with --recency-weight,
+                                      + previous items int32 4 with --order-factors)
     per-chunk temporaries            at most about 100 B a sample of a chunk: CHUNK = 2^24
                                      on the CPU (1.7 GB), GPU_CHUNK = 2^22 on a GPU (0.42 GB)
 
@@ -82,9 +83,11 @@ class EpochBatches:
     """One rank's samples for one epoch, as torch views over backend arrays (no copies).
 
     users, items: int32 [n]; labels: float32 [n] (1 positive, 0 negative), all on the device;
-    weights: float32 [n], each sample's weight in the loss, or None when all weigh 1.
-    Iterating yields (users, items, labels, weights) slices of `batch_size` rows (weights None
-    when there are none); the last may be short.
+    weights: float32 [n], each sample's weight in the loss, or None when all weigh 1;
+    prev: int32 [n], the order term's context (the positive's previous item; a negative takes
+    its positive's), or None without one.
+    Iterating yields (users, items, labels, weights, prev) slices of `batch_size` rows (None
+    for what there is not); the last may be short.
     """
 
     users: Any
@@ -93,6 +96,7 @@ class EpochBatches:
     batch_size: int
     arrays: tuple[Any, ...]  # the backend arrays the tensors view; kept alive with them
     weights: Any = None
+    prev: Any = None
 
     @property
     def n_samples(self) -> int:
@@ -101,15 +105,17 @@ class EpochBatches:
     def __len__(self) -> int:
         return -(-self.n_samples // self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[Any, Any, Any, Any]]:
+    def __iter__(self) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
         return self.batches(0)
 
-    def batches(self, start_step: int = 0) -> Iterator[tuple[Any, Any, Any, Any]]:
+    def batches(self, start_step: int = 0) -> Iterator[tuple[Any, Any, Any, Any, Any]]:
         """Batches from step `start_step` on (resuming inside an epoch skips the ones done)."""
-        b, w = self.batch_size, self.weights
+        b, w, p = self.batch_size, self.weights, self.prev
         for s in range(start_step * b, self.n_samples, b):
             weights = w[s : s + b] if w is not None else None
-            yield self.users[s : s + b], self.items[s : s + b], self.labels[s : s + b], weights
+            prev = p[s : s + b] if p is not None else None
+            yield (self.users[s : s + b], self.items[s : s + b], self.labels[s : s + b], weights,
+                   prev)  # fmt: skip
 
 
 class NegativeSampler:
@@ -117,6 +123,8 @@ class NegativeSampler:
 
     `pos_weight` (float32 [n_pos] on the device, or None) is each training positive's weight in
     the loss; its negatives weigh 1. ncfcli.recency.recency_weights makes it from the ages.
+    `pos_prev` (int32 [n_pos], or None) is each positive's previous item
+    (PreparedData.previous_items); a negative carries its positive's.
     """
 
     def __init__(
@@ -128,6 +136,7 @@ class NegativeSampler:
         seed: int = 0,
         env: DistEnv | None = None,
         pos_weight: Any = None,
+        pos_prev: Any = None,
     ) -> None:
         if neg_per_pos < 0:
             raise NcfError(f"--neg-per-pos must be >= 0, got {neg_per_pos}")
@@ -143,6 +152,7 @@ class NegativeSampler:
         self.pos_items = data.train_items
         self.n_pos = int(self.pos_users.shape[0])
         self.pos_weight = pos_weight
+        self.pos_prev = pos_prev
         # On a GPU each host sync stalls the launch queue, and binary searches cost the same in
         # any order: walk several Feistel passes per sync and skip the needle sort there.
         self.walk_passes = 1 if not backend.is_cuda else GPU_WALK_PASSES
@@ -236,6 +246,7 @@ class NegativeSampler:
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)
         weights = xp.empty(n, dtype=xp.float32) if self.pos_weight is not None else None
+        prev = xp.empty(n, dtype=xp.int32) if self.pos_prev is not None else None
         step = self.chunk
         for s in range(0, n, step):
             ids = perm(self._rank_positions(s, min(n, s + step), batch_size))
@@ -252,11 +263,14 @@ class NegativeSampler:
             labels[s : s + step] = 1.0 - neg.astype(xp.float32)
             if weights is not None:
                 weights[s : s + step] = xp.where(neg, xp.float32(1.0), self.pos_weight[pair])
+            if prev is not None:
+                prev[s : s + step] = self.pos_prev[pair]
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
-        kept = (users, items, labels) + ((weights,) if weights is not None else ())
-        return EpochBatches(*tensors, batch_size=batch_size, arrays=kept,
-                            weights=be.to_torch(weights) if weights is not None else None)  # fmt: skip
+        extra = tuple(a for a in (weights, prev) if a is not None)
+        return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels, *extra),
+                            weights=be.to_torch(weights) if weights is not None else None,
+                            prev=be.to_torch(prev) if prev is not None else None)  # fmt: skip
 
 
 # ---- counter-based randomness: the same numbers on every rank and backend ----------------------

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_dir
 
@@ -138,6 +139,49 @@ class PreparedData:
         offsets = xp.zeros(self.n_users + 1, dtype=xp.int64)
         offsets[1:] = xp.cumsum(counts)
         return offsets, xp.concatenate(items)[order]
+
+    def previous_items(self, xp: Any) -> Any:
+        """int32 [n_train]: for each training positive, the item the same user interacted with
+        just before it (the training positive one age older), n_items for the user's first.
+        The order term's context in training (`ncf train --order-factors`); needs train_age."""
+        if self.train_age is None:
+            raise NcfError(f"{self.path} has no time order (prepared with --split random)")
+        users = self.train_users.astype(xp.int64)
+        age = self.train_age.astype(xp.int64)
+        span = host_int(age.max(), xp) + 2 if age.shape[0] else 2
+        order = xp.argsort(users * span + age)  # each user's positives, latest first
+        u, a, it = users[order], age[order], self.train_items[order]
+        prev = xp.full(order.shape[0], self.n_items, dtype=xp.int32)
+        if order.shape[0] > 1:
+            older = (u[1:] == u[:-1]) & (a[1:] == a[:-1] + 1)
+            prev[:-1] = xp.where(older, it[1:], xp.int32(self.n_items))
+        out = xp.empty_like(prev)
+        out[order] = prev
+        return out
+
+    def context(self, split: str, xp: Any) -> Any:
+        """int32 [n_users]: the item each user interacted with just before the items scored
+        for `split` (n_items where there is none), the order term's context at scoring time:
+
+            validation   the user's latest training item (age 0)
+            test         the validation item where the user has one, else the latest training
+                         item (in a --refit view the validation item is that latest item)
+            next         the test item, the latest interaction the data holds: what comes
+                         after everything (`ncf recommend --exclude-seen`)
+
+        Only items before the one scored: nothing held out for `split` is read."""
+        if split == "next":
+            return self.test_items.astype(xp.int32)
+        if split not in SPLITS:
+            raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if self.train_age is None:
+            raise NcfError(f"{self.path} has no time order (prepared with --split random)")
+        out = xp.full(self.n_users, self.n_items, dtype=xp.int32)
+        latest = xp.nonzero(self.train_age == 0)[0]
+        out[self.train_users[latest]] = self.train_items[latest]
+        if split == "test" and self.has_validation:
+            out[self.valid_users] = self.valid_items
+        return out
 
     def merge_validation(self, xp: Any) -> PreparedData:
         """The dataset with each validation item moved into training (`ncf train --refit`): the
