@@ -27,6 +27,8 @@
 #   export       ONNX export, onnxruntime vs torch max abs difference
 #   recommend    top-10 for one user
 #   refit        `ncf train --refit` of that run: train + validation on the device, test HR@10
+#   order        one epoch with the order term (--order-factors 64; the first tier's default, off
+#                at ml-20m's size): the previous items on the device, samples/s, test HR@10
 #   large-batch  the lr rule at 8x NVIDIA's batch: 2^23 (in micro-batches of 2^20) against 2^20,
 #                6 epochs each, validation-chosen test HR@10 (issue 10: within 0.01); CPU: 2^17
 #                against the ml-100k column's 2^14, one epoch, the figures not judged
@@ -50,11 +52,11 @@ DEADLINE=$(($(date +%s) + BUDGET))
 SUMMARY="$OUT_DIR/summary.txt"
 DATA="$WORK/$SIZE"
 STEPS=(machine tests prepare prepare-cpu train-tf32 train-amp eval-full eval-sampled export recommend
-  refit large-batch scaling)
+  refit order large-batch scaling)
 # What an earlier run of this script wrote in OUT_DIR is removed (and nothing else), so each
 # run starts clean: the step logs, runs that hold ncf's config.json, the export folder.
 for name in "${STEPS[@]}"; do rm -f "$OUT_DIR/$name.out" "$OUT_DIR/$name.log"; done
-for run in run-tf32 run-amp run-refit; do
+for run in run-tf32 run-amp run-refit run-order; do
   [ -f "$OUT_DIR/$run/config.json" ] && rm -rf "${OUT_DIR:?}/$run"
 done
 [ -f "$OUT_DIR/export/ncf.onnx" ] && rm -rf "${OUT_DIR:?}/export"
@@ -171,7 +173,7 @@ done
 [ "$DEV" = cuda ] && note "  NVIDIA, 1x A100: 22.6M (TF32) / 34.1M (AMP) samples/s; target >= 102M (99M-sample epoch < 1 s)"
 
 if [ -z "$RUN" ]; then
-  for name in eval-full eval-sampled export recommend refit; do
+  for name in eval-full eval-sampled export recommend refit order; do
     skip "$name" "no trained run (the train steps failed or were skipped)"
   done
 else
@@ -188,6 +190,9 @@ else
   step refit 90 "${NCF[@]}" train "$DATA" --refit "$RUN" --out "$OUT_DIR/run-refit" --device "$DEV" \
     --json -q &&
     figure refit "f'train + validation, {d[\"epochs\"]} epoch(s) as chosen: test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
+  step order 120 "${NCF[@]}" train "$DATA" --order-factors 64 --epochs 1 --out "$OUT_DIR/run-order" \
+    --device "$DEV" --seed 0 --json -q &&
+    figure order "f'order term {d[\"order_factors\"]}: {d[\"samples_per_second\"]/1e6:.2f}M samples/s, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
 fi
 
 if [ -f "$DATA/meta.json" ]; then

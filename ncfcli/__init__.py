@@ -10,7 +10,7 @@ import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 _API = ("prepare", "train", "evaluate", "export", "recommend")
 
 

@@ -376,7 +376,8 @@ def train(
         default="10",
     ),  # fmt: skip
     order_factors: int | None = _opt(
-        "Width of the order term: the logit gains <P[previous item], Q[item]>; 0 = off.",
+        "Width of the order term: the logit gains the previous item's pull on the item "
+        "(two item tables); 0 = off. Needs a time order.",
         "--order-factors",
         panel=DATA,
     ),  # fmt: skip

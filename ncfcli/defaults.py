@@ -97,7 +97,9 @@ def table_text() -> str:
     sparse = ", ".join(f"--{k.replace('_', '-')} {_show(k, v)}" for k, v in SPARSE.items())
     lines.append(f"(first column, under {SPARSE_PER_USER} positives per user: {sparse};")
     lines.append(f" and its batch halves, down to 2^{MIN_BATCH.bit_length() - 1}, until an epoch "
-                 f"has {MIN_STEPS_PER_EPOCH} steps)")  # fmt: skip
+                 f"has {MIN_STEPS_PER_EPOCH} steps;")  # fmt: skip
+    lines.append(" --recency-weight only where a validation probe finds a time signal,")
+    lines.append(" --order-factors only where the data has a time order)")
     return "\n".join(lines)
 
 

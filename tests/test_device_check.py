@@ -18,7 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("machine", "tests", "prepare", "train-tf32", "eval-full",
-         "eval-sampled", "export", "recommend", "refit", "large-batch", "scaling")  # fmt: skip
+         "eval-sampled", "export", "recommend", "refit", "order", "large-batch",
+         "scaling")  # fmt: skip
 
 
 def _path_without_ncf() -> str:

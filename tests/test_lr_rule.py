@@ -12,6 +12,7 @@ from ncfcli.cli import app
 from ncfcli.train import (
     LR_SCALE_CAP,
     LR_SCALE_POWER,
+    LR_SCALE_POWER_ORDER,
     LR_WARMUP_EPOCHS,
     TrainConfig,
     resolve,
@@ -32,12 +33,14 @@ def test_default_batch_keeps_the_tuned_lr_and_no_warmup() -> None:
     assert resolved(batch_size=1024).lr == REF["lr"]  # smaller batches keep it too
 
 
-@pytest.mark.parametrize(
-    ("batch", "k"),
-    [(1 << 16, 4**LR_SCALE_POWER), (1 << 17, 8**LR_SCALE_POWER), (1 << 24, LR_SCALE_CAP)],
-)
-def test_larger_batches_scale_the_lr_up_to_the_cap(batch: int, k: float) -> None:
-    cfg = resolved(batch_size=batch)
+@pytest.mark.parametrize(("order", "power"), [(None, LR_SCALE_POWER_ORDER), (0, LR_SCALE_POWER)])
+@pytest.mark.parametrize(("batch", "scale"), [(1 << 16, 4), (1 << 17, 8), (1 << 24, 1024)])
+def test_larger_batches_scale_the_lr_up_to_the_cap(
+    batch: int, scale: int, order: int | None, power: float
+) -> None:
+    """The first column's default has the order term (k^0.5); without it, k^0.75."""
+    cfg = resolved(batch_size=batch, order_factors=order)
+    k = min(scale**power, LR_SCALE_CAP)
     assert cfg.lr == pytest.approx(REF["lr"] * k)
     assert 1 < k <= LR_SCALE_CAP
     assert cfg.warmup_epochs == LR_WARMUP_EPOCHS
@@ -45,7 +48,7 @@ def test_larger_batches_scale_the_lr_up_to_the_cap(batch: int, k: float) -> None
 
 def test_weak_scaling_counts_the_global_batch() -> None:
     cfg = resolved(world=4, scaling="weak", batch_size=1 << 14)
-    assert cfg.lr == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER)
+    assert cfg.lr == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER_ORDER)
     strong = resolved(world=4, scaling="strong", batch_size=1 << 14)
     assert strong.lr == REF["lr"]
 
@@ -63,7 +66,8 @@ def test_the_run_records_the_resolved_lr(prepared_dir: Path, tmp_path: Path) -> 
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     saved = json.loads((run / "config.json").read_text())["train"]
-    assert saved["lr"] == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER)
+    assert saved["order_factors"] == 64  # the dataset has a time order: the rule's k^0.5
+    assert saved["lr"] == pytest.approx(REF["lr"] * 4**LR_SCALE_POWER_ORDER)
     assert saved["warmup_epochs"] == LR_WARMUP_EPOCHS
 
 
