@@ -106,6 +106,11 @@ def test_examples_quickstart_runs(tmp_path: Path) -> None:
     assert [int(r) for r, _, _ in served] == [1, 2, 3, 4, 5]
     logits = [float(x) for _, _, x in served]
     assert logits == sorted(logits, reverse=True)
+    # Served after the item `recommend` names ("after"), the ONNX model scores user 1's listed
+    # items as `recommend` does (the served list may also hold items the user trained on).
+    listed = dict(zip(recs[0]["items"], recs[0]["scores"], strict=True))
+    common = [(float(x), listed[int(i)]) for _, i, x in served if int(i) in listed]
+    assert common and all(abs(a - b) < 1e-4 for a, b in common)
 
 
 def _example_on_a_ratings_file(tmp_path: Path, script: str) -> tuple[list[dict], Path]:
