@@ -88,9 +88,11 @@ def _writable_dir(path: Path, what: str) -> None:
         raise NcfError(f"{what} {path} is not writable")
 
 
-def inputs_for(model_config: Any) -> tuple[str, ...]:
+def inputs_for(model: Any) -> tuple[str, ...]:
     """The graph's input names: user, item, and prev_item for a model with an order term."""
-    return INPUTS + ((ORDER_INPUT,) if getattr(model_config, "uses_order", False) else ())
+    from ncfcli.metrics import uses_order
+
+    return INPUTS + ((ORDER_INPUT,) if uses_order(model) else ())
 
 
 def _onnx_module(model: Any, n_inputs: int) -> Any:
@@ -121,7 +123,7 @@ def export_onnx(model: Any, path: Path, opset: int) -> None:
     """Write `model` (on the CPU, eval mode) as a single-file ONNX graph with a dynamic batch."""
     import torch
 
-    names = inputs_for(getattr(model, "cfg", None))
+    names = inputs_for(model)
     module = _onnx_module(model, len(names))
     # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
     # declared dynamic dim keep the graph batch-agnostic.
@@ -180,7 +182,7 @@ def parity(
         # The largest ids must work too (an off-by-one in a table size shows up only there).
         users[-1], items[-1] = n_users - 1, n_items - 1
         feed = {"user": users, "item": items}
-        if len(sess.get_inputs()) == 3:
+        if ORDER_INPUT in inputs_for(model):
             prev = rng.integers(0, n_items + 1, size=b, dtype=np.int64)
             prev[-1] = n_items  # the "no previous item" row
             feed[ORDER_INPUT] = prev
@@ -224,7 +226,7 @@ def describe(
         "user": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_users - 1]},
         "item": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items - 1]},
     }
-    if ORDER_INPUT in inputs_for(cfg):
+    if ORDER_INPUT in inputs_for(run.model):
         inputs[ORDER_INPUT] = {
             "dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items],
             "meaning": "the user's latest item before this one (item dense id); "
@@ -348,7 +350,7 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
                 write_marker(tdir / "1", "triton model", ["model.onnx"])
                 shutil.copyfile(onnx_tmp, tdir / "1" / "model.onnx")
                 (tdir / "config.pbtxt").write_text(
-                    triton_config(cfg.name, cfg.max_batch_size, inputs_for(cfg_m))
+                    triton_config(cfg.name, cfg.max_batch_size, inputs_for(model))
                 )
                 for fname in ID_MAPS:
                     shutil.copyfile(tmp / fname, tdir / fname)

@@ -246,12 +246,6 @@ class NCF(nn.Module):
             sizes += (layers[-1],) if len(layers) > 1 else (self.mlp_dim, self.mlp_dim)
         return sizes
 
-    def tables(self) -> list[nn.Embedding]:
-        """The embedding tables (user side first in each tower), for row-wise penalties."""
-        found = (self.user_gmf, self.item_gmf, self.user_mlp, self.item_mlp,
-                 self.prev_item, self.next_item)  # fmt: skip
-        return [t for t in found if t is not None]
-
     @torch.no_grad()
     def load_towers(self, gmf: NCF | None, mlp: NCF | None, alpha: float = 0.5) -> None:
         """Start a NeuMF from trained GMF and/or MLP models (He et al., 2017, section 3.4.1):

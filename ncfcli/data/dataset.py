@@ -144,10 +144,8 @@ class PreparedData:
         """int32 [n_train]: for each training positive, the item the same user interacted with
         just before it (the training positive one age older), n_items for the user's first.
         The order term's context in training (`ncf train --order-factors`); needs train_age."""
-        if self.train_age is None:
-            raise NcfError(f"{self.path} has no time order (prepared with --split random)")
         users = self.train_users.astype(xp.int64)
-        age = self.train_age.astype(xp.int64)
+        age = self._time_order().astype(xp.int64)
         span = host_int(age.max(), xp) + 2 if age.shape[0] else 2
         order = xp.argsort(users * span + age)  # each user's positives, latest first
         u, a, it = users[order], age[order], self.train_items[order]
@@ -174,14 +172,18 @@ class PreparedData:
             return self.test_items.astype(xp.int32)
         if split not in SPLITS:
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-        if self.train_age is None:
-            raise NcfError(f"{self.path} has no time order (prepared with --split random)")
         out = xp.full(self.n_users, self.n_items, dtype=xp.int32)
-        latest = xp.nonzero(self.train_age == 0)[0]
+        latest = xp.nonzero(self._time_order() == 0)[0]
         out[self.train_users[latest]] = self.train_items[latest]
         if split == "test" and self.has_validation:
             out[self.valid_users] = self.valid_items
         return out
+
+    def _time_order(self) -> Any:
+        """train_age, or one line saying the dataset has none (what the order term needs)."""
+        if self.train_age is None:
+            raise NcfError(f"{self.path} has no time order (prepared with --split random)")
+        return self.train_age
 
     def merge_validation(self, xp: Any) -> PreparedData:
         """The dataset with each validation item moved into training (`ncf train --refit`): the
