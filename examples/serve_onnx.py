@@ -3,11 +3,13 @@
     python examples/serve_onnx.py RUN_DIR/export RAW_USER_ID [-k 10] [--after RAW_ITEM_ID]
 
 This is what a service does with `ncf export`'s output: map raw ids to the model's indices
-with the id maps beside model.onnx, score every item for the user in one batch, and map the
-best indices back to raw ids. (Unlike `ncf recommend`, it does not know the user's history, so
-items the user already has are not filtered out.) A model trained with an order term (ncf's
-default on small data with times) has a third input, `prev_item`: the user's latest item, given
-here with --after; without it the model scores the user as having none.
+with the id maps beside model.onnx, score every item for the user in one batch, on `user` and
+`item` alone, and map the best indices back to raw ids. (Unlike `ncf recommend`, it does not
+know the user's history, so items the user already has are not filtered out.) A model with an
+order term (ncf's default on small data with times) looks up the user's latest item inside its
+graph, so the logits are `ncf recommend --exclude-seen`'s scores. --after scores after another
+item instead, with the session model `ncf export --session` writes (its third input,
+`prev_item`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def main() -> None:
     ap.add_argument("export_dir", type=Path, help="the folder holding model.onnx and model.json")
     ap.add_argument("user", help="a raw user id, as in the source data")
     ap.add_argument("-k", type=int, default=10)
-    ap.add_argument("--after", help="the raw id of the user's latest item (order-term models)")
+    ap.add_argument("--after", help="score after this raw item id (the session model)")
     args = ap.parse_args()
 
     meta = json.loads((args.export_dir / "model.json").read_text())
@@ -36,21 +38,26 @@ def main() -> None:
     lookup = {str(u): i for i, u in enumerate(users)}
     if args.user not in lookup:
         raise SystemExit(f"error: user {args.user!r} is not in the model ({len(users)} users)")
-    session = ort.InferenceSession(
-        str(args.export_dir / meta["model_file"]), providers=["CPUExecutionProvider"]
-    )
     n_items = meta["n_items"]
     feed = {
         "user": np.full(n_items, lookup[args.user], dtype=np.int64),
         "item": np.arange(n_items, dtype=np.int64),
     }
-    if "prev_item" in meta["inputs"]:
+    model_file = meta["model_file"]
+    if args.after is not None:
+        if not meta.get("session"):
+            raise SystemExit(
+                "error: --after needs the session model: ncf export RUN --onnx --session"
+            )
         item_lookup = {str(i): k for k, i in enumerate(items)}
-        if args.after is not None and args.after not in item_lookup:
+        if args.after not in item_lookup:
             raise SystemExit(f"error: item {args.after!r} is not in the model ({n_items} items)")
-        prev = item_lookup[args.after] if args.after is not None else n_items  # n_items: none
-        feed["prev_item"] = np.full(n_items, prev, dtype=np.int64)
-    (logits,) = session.run(None, feed)
+        model_file = meta["session"]["model_file"]
+        feed["prev_item"] = np.full(n_items, item_lookup[args.after], dtype=np.int64)
+    session = ort.InferenceSession(
+        str(args.export_dir / model_file), providers=["CPUExecutionProvider"]
+    )
+    (logits,) = session.run(["logit"], feed)
     top = np.argsort(-logits, kind="stable")[: args.k]
     for rank, i in enumerate(top, 1):
         prob = 1.0 / (1.0 + np.exp(-float(logits[i])))

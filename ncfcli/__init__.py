@@ -6,6 +6,8 @@ Importing the package stays light: the API functions load torch and the data whe
 """
 
 import importlib as _importlib
+import importlib.util as _importlib_util
+import inspect as _inspect
 import sys as _sys
 import types as _types
 from typing import TYPE_CHECKING, Any
@@ -25,9 +27,12 @@ class _Entry:
     def __init__(self, func: Any, module: str) -> None:
         object.__setattr__(self, "_func", func)
         object.__setattr__(self, "_module", module)
-        for name in ("__doc__", "__name__", "__qualname__"):
+        for name in ("__doc__", "__name__", "__qualname__", "__module__", "__annotations__"):
             object.__setattr__(self, name, getattr(func, name, None))
-        object.__setattr__(self, "__wrapped__", func)  # inspect.signature shows the function's
+        object.__setattr__(self, "__wrapped__", func)
+        # inspect.signature (help(), IDEs, notebooks) reads this before anything else; the
+        # annotations stay strings, so nothing heavy loads.
+        object.__setattr__(self, "__signature__", _inspect.signature(func))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._func(*args, **kwargs)
@@ -39,6 +44,10 @@ class _Entry:
         return vars(_importlib.import_module(self._module))
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            # Tools probe callables for dunders (__signature__, __func__, __code__ ...): those
+            # are the function's business, and forwarding them would import torch.
+            raise AttributeError(name)
         return getattr(_importlib.import_module(self._module), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -66,9 +75,14 @@ if TYPE_CHECKING:  # type checkers see the plain, typed functions
 else:
     from ncfcli import api as _api
 
-    prepare, train, evaluate, export, recommend = (
-        _Entry(getattr(_api, name), f"ncfcli.{name}") for name in _API
-    )
+    def _entry(name: str) -> Any:
+        # Only a name shared with a submodule needs the _Entry; `prepare` has none (its code is
+        # ncfcli.data.prepare), so it is the plain function.
+        func = getattr(_api, name)
+        module = f"{__name__}.{name}"
+        return _Entry(func, module) if _importlib_util.find_spec(module) else func
+
+    prepare, train, evaluate, export, recommend = (_entry(name) for name in _API)
     _sys.modules[__name__].__class__ = _Package
 
 __all__ = ["__version__", "prepare", "train", "evaluate", "export", "recommend"]

@@ -138,14 +138,20 @@ def _run_dir(run: Any) -> Path:
 
 def evaluate(
     run: PathLike | TrainResult, *, k: Sequence[int] = (1, 5, 10, 20), full_ranking: bool = False,
-    data: PathLike | None = None, eval_batch: int | None = None, device: str = "auto",
+    split: str = "test", checkpoint: str = "best", data: PathLike | None = None,
+    eval_batch: int | None = None, device: str = "auto",
 ) -> Evaluation:  # fmt: skip
-    """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking."""
+    """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking.
+
+    split: "test" or "validation" (for choosing models); checkpoint: "best" (the epoch
+    validation chose) or "last" (the run's last epoch); as `ncf eval --split --checkpoint`.
+    """
     from ncfcli.data.sources import resolve_prepared
     from ncfcli.evaluate import EvalConfig, run_eval
 
     cfg = EvalConfig(ks=tuple(int(x) for x in k), full_ranking=full_ranking, batch_rows=eval_batch,
-                     data=None if data is None else resolve_prepared(data))  # fmt: skip
+                     data=None if data is None else resolve_prepared(data), split=split,
+                     checkpoint=checkpoint)  # fmt: skip
     report = run_eval(_run_dir(run), cfg, device)
     res = report.result
     return Evaluation(metrics=dict(res["metrics"]), protocol=res["protocol"], users=res["users"],
@@ -159,7 +165,8 @@ def export(
 ) -> Export:  # fmt: skip
     """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked.
 
-    options: name, opset, max_batch_size, atol.
+    options: name, opset, max_batch_size, atol, seed, overwrite, session (also write
+    `<name>_session.onnx`, whose third input `prev_item` takes the previous item explicitly).
     """
     from ncfcli.export import ExportConfig, run_export
 

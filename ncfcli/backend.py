@@ -280,7 +280,11 @@ class Backend:
         return np.asarray(a)
 
     def rng(self, seed: int | list[int]) -> Any:
-        """A seeded generator of this backend (NumPy PCG64, or CuPy's XORWOW on the GPU)."""
+        """A seeded generator of this backend (NumPy PCG64, or CuPy's XORWOW on the GPU).
+
+        Its numbers differ between backends for one seed: what must give the same bytes on
+        both (prepare's negatives, the epochs) uses counter-based draws instead.
+        """
         return self.xp.random.default_rng(seed)
 
     # ---- torch handoff ---------------------------------------------------------------------
@@ -296,8 +300,21 @@ class Backend:
 
     # ---- device housekeeping ---------------------------------------------------------------
     def synchronize(self) -> None:
+        """Wait for all work on this GPU, every stream's (a no-op on the CPU)."""
         if self.is_cuda:
             _cupy().cuda.Device(self.device_index).synchronize()  # type: ignore[union-attr]
+
+    def synchronize_stream(self) -> None:
+        """Wait for the work queued on this thread's current torch stream only (training's).
+
+        Not `synchronize`: a device-wide wait also waits for the side stream that builds the
+        next epoch meanwhile (build_stream, created non-blocking, so the default stream does
+        not wait for it), which would cancel that overlap.
+        """
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.current_stream(self.device_index).synchronize()
 
     @contextlib.contextmanager
     def build_stream(self) -> Iterator[None]:

@@ -185,26 +185,76 @@ def _item_cosine_topk(
     return index, weight
 
 
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Bytes the fit can still allocate on `device`, or None where that cannot be told.
+
+    On a GPU: what the driver reports free, plus what torch's own cache holds unused (torch
+    hands that out first). On the CPU: the kernel's MemAvailable (Linux), else None.
+    """
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        try:
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        except RuntimeError:  # torch on RMM's allocator keeps no statistics of its own
+            cached = 0
+        return int(free) + max(0, int(cached))
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def ease_bytes(n_items: int) -> int:
+    """EASE's peak: three float64 item x item matrices (the gram, its inverse and the
+    inversion's workspace), then the float32 weights beside the inverse."""
+    return 3 * n_items * n_items * 8
+
+
+EASE_BLOCK_BYTES = 1 << 28  # one float64 block of user rows (256 MB) while the gram is summed
+
+
 def _ease(
     offsets: torch.Tensor, items: torch.Tensor, n_users: int, n_items: int, lam: float
 ) -> torch.Tensor:
+    """B from the training positives. The gram X^T X is summed over blocks of users, so the
+    dense users x items X (ml-20m: 138,493 x 26,744 x 8 B = 29.6 GB) never exists; the item x
+    item matrices must fit, checked first against the memory the device has free."""
+    gb = ease_bytes(n_items) / 1e9
     if n_items > EASE_MAX_ITEMS:
-        gb = n_items * n_items * 8 / 1e9
         raise NcfError(
             f"--model ease inverts a dense {n_items} x {n_items} matrix ({gb:.0f} GB in float64); "
             f"it is limited to {EASE_MAX_ITEMS} items: use --model itemknn or als"
         )
     device = items.device
+    free = free_memory_bytes(device)
+    if free is not None and ease_bytes(n_items) + EASE_BLOCK_BYTES > free:
+        where = "GPU" if device.type == "cuda" else "host"
+        raise NcfError(
+            f"--model ease needs about {gb + EASE_BLOCK_BYTES / 1e9:.1f} GB for its {n_items} x "
+            f"{n_items} item matrices (float64) and {where} memory on {device} has "
+            f"{free / 1e9:.1f} GB free; use --model itemknn or als, or a machine with more memory"
+        )
     users = torch.repeat_interleave(torch.arange(n_users, device=device), offsets.diff())
-    x = torch.zeros(n_users, n_items, dtype=torch.float64, device=device)
-    x[users, items] = 1.0
-    gram = x.t() @ x
-    del x
+    gram = torch.zeros(n_items, n_items, dtype=torch.float64, device=device)
+    block = max(1, EASE_BLOCK_BYTES // (8 * max(n_items, 1)))
+    cuts = offsets.cpu()  # one read of the block bounds, not one per block
+    for u0 in range(0, n_users, block):
+        u1 = min(u0 + block, n_users)
+        lo, hi = int(cuts[u0]), int(cuts[u1])
+        x = torch.zeros(u1 - u0, n_items, dtype=torch.float64, device=device)
+        x[users[lo:hi] - u0, items[lo:hi]] = 1.0
+        gram.addmm_(x.t(), x)  # integer counts, exact in float64: the same gram as X^T X
+        del x
     gram.diagonal().add_(lam)
     p = torch.linalg.inv(gram)
-    b = p / (-p.diagonal())[None, :]
-    b.diagonal().zero_()
-    return b.float()
+    del gram
+    p.div_(-p.diagonal().clone()[None, :])  # B = -P / diag(P) off the diagonal
+    p.diagonal().zero_()
+    return p.float()
 
 
 def _als(

@@ -133,8 +133,13 @@ class Run:
 def find_checkpoint(run_dir: str | os.PathLike, which: str = "best") -> Path:
     """best.pt, else the newest per-epoch checkpoint; `which="last"` prefers the newest."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise NcfError(f"{run_dir} is a file, not a run directory (ncf train writes one)")
     if not run_dir.is_dir():
         raise NcfError(f"run directory {run_dir} does not exist")
+    if (run_dir / "meta.json").is_file() and not (run_dir / CONFIG).is_file():
+        raise NcfError(f"{run_dir} is a prepared dataset, not a run; train on it first: "
+                       f"ncf train {run_dir} --out RUN_DIR")  # fmt: skip
     last = run_dir / CKPT_DIR / LAST
     order = [run_dir / BEST, last] if which == "best" else [last, run_dir / BEST]
     for p in order:

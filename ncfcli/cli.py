@@ -8,6 +8,7 @@ instant; each command imports what it needs when it runs.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,27 @@ from typing import Any, TypeVar
 
 import typer
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, is_device_oom
+
+
+def _bare_flags(params: list[Any]) -> list[Any]:
+    """Show no value placeholder (`<bool>`) for on/off flags in --help: they take no value."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class NcfGroup(typer.core.TyperGroup):
+    """`ncf` itself: its flags (--version, --help) drawn without a value placeholder."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
+
 
 app = typer.Typer(
     name="ncf",
+    cls=NcfGroup,
     help="GPU-first Neural Collaborative Filtering: prepare, train, eval, export, recommend.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish
@@ -68,11 +86,61 @@ def apply_aliases(command: str, args: list[str]) -> list[str]:
     return out
 
 
+# What each option is called in this invocation's error messages (spellings(), as_typed()).
+_SPELLINGS: dict[str, str] = {}
+
+
+def spellings(params: list[Any], aliases: dict[str, str | None], args: list[str]) -> dict[str, str]:
+    """{a name an option goes by: the name its error messages should use}.
+
+    An option the user typed is named as they typed it (`-k`, `--top-k` or `--k`, all one
+    option); one they did not type keeps its documented names, and a hidden alias that a
+    message uses (`--k`) becomes those (`-k/--top-k`).
+    """
+    typed: dict[str, str] = {}
+    for arg in args:
+        if arg == "--":
+            break
+        name = arg.partition("=")[0]
+        if name.startswith("-"):
+            typed.setdefault(aliases.get(name) or name, name)
+    out: dict[str, str] = {}
+    for param in params:
+        if getattr(param, "param_type_name", "") != "option":
+            continue
+        names = [*param.opts, *param.secondary_opts]
+        hidden = [a for a, canonical in aliases.items() if canonical in names]
+        mine = next((typed[n] for n in names if n in typed), None)
+        for n in names + hidden:
+            if mine is not None:
+                out[n] = mine
+            elif n in hidden:
+                out[n] = "/".join(param.opts)
+    return out
+
+
+def as_typed(message: str, names: dict[str, str] | None = None) -> str:
+    """`message` with each option named as spellings() says (a whole name only: `-k` is not
+    the end of `--k`, nor `--k` the start of `--knn-shrink`)."""
+    names = _SPELLINGS if names is None else names
+    if not names:
+        return message
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.sub(rf"(?<![\w-])({alternatives})(?![\w-])", lambda m: names[m.group(1)], message)
+
+
 class NcfCommand(typer.core.TyperCommand):
-    """Accepts the command's hidden aliases (ALIASES) before Click parses the arguments."""
+    """Accepts the command's hidden aliases (ALIASES) before Click parses the arguments, and
+    notes how the user spelled each option, for the error messages (as_typed)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        table = ALIASES.get(ctx.info_name or "", {})
+        _SPELLINGS.clear()
+        _SPELLINGS.update(spellings(self.params, table, args))
         return super().parse_args(ctx, apply_aliases(ctx.info_name or "", args))
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
 
 
 def _device() -> Any:
@@ -109,7 +177,7 @@ def _overwrite(what: str = "Replace ncf's own earlier output at --out (never oth
 def _run_arg() -> Any:
     return typer.Argument(
         ..., help="Run directory written by `ncf train`, or its name under ./runs.",
-        show_default=False,
+        show_default=False, metavar="RUN_DIR",
     )  # fmt: skip
 
 
@@ -130,10 +198,15 @@ def user_errors(func: F) -> F:
         except typer.Exit:
             raise
         except NcfError as e:
-            raise fail(str(e), e.exit_code) from None
+            raise fail(as_typed(str(e)), e.exit_code) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
-        except MemoryError:
+        except MemoryError as e:
+            if is_device_oom(e):  # CuPy's and RMM's GPU errors are MemoryErrors too
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                raise fail(f"out of GPU memory ({why}); use a smaller batch (--batch-size, "
+                           "--eval-batch), dataset or model; docs/gpu-memory.md plans the "
+                           "memory") from None  # fmt: skip
             raise fail("out of host memory; use a smaller dataset or batch") from None
 
     return wrapper  # type: ignore[return-value]
@@ -161,6 +234,7 @@ def _root(
 def prepare(
     source: str = typer.Argument(
         ...,
+        metavar="SOURCE",
         help="ml-100k|ml-1m|ml-10m|ml-20m|ml-25m, a zip/folder/CSV/TSV/Parquet path, or synthetic.",
         show_default=False,
     ),
@@ -333,7 +407,7 @@ class _TrainCommand(NcfCommand):
         return super().parse_args(ctx, joined)
 
 
-BY_SIZE = "by dataset size, table below"
+BY_SIZE = "table below"
 
 
 def _opt(help_text: str, *names: str, panel: str, default: str = BY_SIZE) -> Any:
@@ -356,16 +430,18 @@ def _train_epilog() -> str:
 @user_errors
 def train(
     ctx: typer.Context,
-    data_dir: str = typer.Argument(
-        ...,
+    data_dir: str | None = typer.Argument(
+        None,
+        metavar="DATA_DIR",
         show_default=False,
-        help="Prepared dataset directory, or the name `ncf prepare NAME` gave it in the cache.",
+        help="Prepared dataset directory, or the name `ncf prepare NAME` gave it in the cache "
+        "(with --resume: the run's own if left out).",
     ),  # fmt: skip
     neg_per_pos: int | None = _opt(
         "Training negatives per positive, drawn each epoch.", "--neg-per-pos", "-n", panel=DATA
     ),
     recency_weight: float | None = _opt(
-        "A positive weighs 1 + this x exp(-age / span); age = later positives of its user.",
+        "A positive weighs 1 + this x exp(-age / span); age: its user's later positives.",
         "--recency-weight",
         panel=DATA,
     ),  # fmt: skip
@@ -376,16 +452,15 @@ def train(
         default="10",
     ),  # fmt: skip
     order_factors: int | None = _opt(
-        "Width of the order term: the logit gains the previous item's pull on the item "
-        "(two item tables); 0 = off. Needs a time order.",
+        "Order term width: the previous item's pull on the item (0 = off; needs a time order).",
         "--order-factors",
         panel=DATA,
     ),  # fmt: skip
     approx_negatives: bool | None = _opt(
         "Unverified negatives, as NVIDIA's (may hit positives).",
-        "--approx-negatives/--verified-negatives",
+        "--approx-negatives",
         panel=DATA,
-        default="verified",
+        default="off: verified",
     ),  # fmt: skip
     model: str | None = _opt(
         "neumf | gmf | mlp | mf, or a baseline: pop | itemknn | ease | als.",
@@ -398,13 +473,13 @@ def train(
     ),
     dropout: float | None = _opt("Dropout after each MLP hidden layer.", "--dropout", panel=MODEL),
     pretrained_gmf: str | None = _opt(
-        "neumf: start the GMF tower (and half the head) from this --model gmf run's best.pt.",
+        "neumf: GMF tower (and half the head) from this --model gmf run.",
         "--pretrained-gmf",
         panel=MODEL,
         default="random",
     ),  # fmt: skip
     pretrained_mlp: str | None = _opt(
-        "neumf: start the MLP tower (and half the head) from this --model mlp run's best.pt.",
+        "neumf: MLP tower (and half the head) from this --model mlp run.",
         "--pretrained-mlp",
         panel=MODEL,
         default="random",
@@ -430,8 +505,7 @@ def train(
         "Global batch (per GPU with --scaling weak).", "--batch-size", "-b", panel=OPTIM
     ),
     micro_batch: int | None = _opt(
-        "Most samples per forward/backward: a larger batch sums its gradient over slices of "
-        "this size (same step, less memory).",
+        "Most samples per forward/backward; a larger batch sums slices' gradients (less memory).",
         "--micro-batch",
         panel=OPTIM,
         default="the whole batch",
@@ -441,12 +515,12 @@ def train(
         "--lr",
         "-l",
         panel=OPTIM,
-        default="by dataset size, table below; x k^0.75 (at most x8) for a batch k times the table's",
+        default="table below; more for a larger batch",
     ),  # fmt: skip
     beta1: float | None = _opt("Adam beta1.", "--beta1", panel=OPTIM),
     beta2: float | None = _opt("Adam beta2.", "--beta2", panel=OPTIM),
     eps: float | None = _opt("Adam epsilon.", "--eps", panel=OPTIM, default="1e-8"),
-    l2: float | None = _opt("L2 penalty on the batch's embedding rows.", "--l2", panel=OPTIM),
+    l2: float | None = _opt("L2 on the batch's embedding rows.", "--l2", panel=OPTIM),
     lr_decay: str | None = _opt(
         "none | linear | cosine: lr falls to 0 over the run.",
         "--lr-decay",
@@ -466,10 +540,10 @@ def train(
         default="0",
     ),  # fmt: skip
     seed: int | None = _opt(
-        "Seed of the model, negatives, order and dropout.", "--seed", panel=OPTIM, default="0"
+        "Seed of model, negatives, order, dropout.", "--seed", panel=OPTIM, default="0"
     ),
     target_hr: float | None = _opt(
-        "Stop once validation HR@10 reaches this (test HR@10 without a validation split).",
+        "Stop at this validation HR@10 (test's without a validation split).",
         "--target-hr",
         panel=EVAL,
         default="off",
@@ -496,7 +570,7 @@ def train(
         "TF32 matmuls on GPUs that have them.", "--tf32/--no-tf32", panel=DEVICES, default="on"
     ),
     gpus: int | None = _opt(
-        "Train on N GPUs (one worker each, NCCL).", "--gpus", panel=DEVICES, default="1 process"
+        "N GPUs, a worker each (NCCL).", "--gpus", panel=DEVICES, default="1 process"
     ),
     nproc: int | None = _opt(
         "Train with N CPU workers (gloo).", "--nproc", panel=DEVICES, default="1 process"
@@ -508,7 +582,7 @@ def train(
         0, "--node-rank", help="This node's index (0 hosts rank 0).", rich_help_panel=DEVICES
     ),
     master_addr: str | None = _opt(
-        "Address of rank 0 for multi-node jobs.",
+        "Rank 0's address (multi-node jobs).",
         "--master-addr",
         panel=DEVICES,
         default="this host",
@@ -537,21 +611,28 @@ def train(
         False,
         "--tensorboard",
         rich_help_panel=OUTPUT,
-        help="TensorBoard scalars in RUN_DIR/tensorboard (extra: ncfcli\\[tensorboard]).",
+        help="Scalars in RUN_DIR/tensorboard (extra: ncfcli\\[tensorboard]).",
     ),  # fmt: skip
     json_out: bool = _json(),
     quiet: bool = _quiet("No progress bars, hyper-parameters or table."),
 ) -> None:
-    """Train NeuMF (or GMF/MLP/MF) on a prepared dataset: HR@10/NDCG@10 each epoch, checkpoints, curves."""
+    """Train a model on a prepared dataset: MF below 200k training positives, else NeuMF
+    (--model: GMF, MLP, baselines); HR@10/NDCG@10 each epoch, checkpoints, curves."""
     import os
 
     # Spinning OpenMP threads starve each other on a busy or small CPU (10x slower measured on
     # 2 shared cores); sleeping ones cost little. Only takes effect before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+    from ncfcli.data.dataset import read_meta
     from ncfcli.data.sources import resolve_prepared
+    from ncfcli.launch import check_launch_flags, should_launch
 
-    data_path = resolve_prepared(data_dir)
+    # What needs no torch is checked first: a mistake is refused at once, not after seconds.
+    check_launch_flags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
+    _check_choices(model=model, lr_decay=lr_decay, scaling=scaling, amp_dtype=amp_dtype)
+    data_path = resolve_prepared(data_dir) if data_dir is not None else _runs_dataset(out, resume)
+    read_meta(data_path)  # a file, a run or a missing folder: one line saying which
     if tensorboard:
         from ncfcli.logs import check_tensorboard
 
@@ -559,7 +640,7 @@ def train(
     procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
     if procs > 1 and model in ("pop", "itemknn", "ease", "als"):
         raise NcfError(f"--model {model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
-    if procs > 1 and os.environ.get("WORLD_SIZE") in (None, ""):
+    if should_launch(nproc, gpus, nnodes):
         from ncfcli.launch import launch_train
 
         code = launch_train(ctx.meta.get("ncf_train_argv") or sys.argv[1:], nproc=nproc, gpus=gpus,
@@ -616,6 +697,40 @@ def train(
         ("device", f"{result.device} x {result.world_size}"),
     ]  # fmt: skip
     out_console().print(summary_table("ncf train", rows))
+
+
+# The values `ncf train` takes for its named choices, checked before torch loads; TrainConfig
+# checks them again with the same message (tests/test_newcomer.py keeps the two lists equal).
+TRAIN_CHOICES: dict[str, tuple[str, ...]] = {
+    "model": ("neumf", "gmf", "mlp", "mf", "pop", "itemknn", "ease", "als"),
+    "lr_decay": ("none", "linear", "cosine"),
+    "scaling": ("strong", "weak"),
+    "amp_dtype": ("auto", "bf16", "fp16"),
+}
+
+
+def _check_choices(**given: str | None) -> None:
+    for name, value in given.items():
+        allowed = TRAIN_CHOICES[name]
+        if value is not None and value not in allowed:
+            flag = "--" + name.replace("_", "-")
+            raise NcfError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}", 2)
+
+
+def _runs_dataset(out: Path | None, resume: bool) -> Path:
+    """The dataset of the run `--resume --out RUN_DIR` continues (DATA_DIR left out)."""
+    import json
+
+    if not resume or out is None:
+        raise NcfError("missing DATA_DIR, the prepared dataset to train on: ncf train DATA_DIR "
+                       "(only --resume --out RUN_DIR may leave it out)", 2)  # fmt: skip
+    config = out / "config.json"
+    try:
+        return Path(json.loads(config.read_text())["dataset"]["path"])
+    except FileNotFoundError:
+        raise NcfError(f"--out {out} holds no run to resume (no config.json)", 2) from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise NcfError(f"{config} does not name the run's dataset ({e}); give DATA_DIR") from None
 
 
 def _chosen_row(epoch: int, selected_by: str) -> str:
@@ -740,12 +855,21 @@ def export(
         help="Triton max_batch_size in config.pbtxt.",
         rich_help_panel=OUTPUT,
     ),  # fmt: skip
+    session: bool = typer.Option(
+        False,
+        "--session",
+        help="Also write NAME_session.onnx, which takes the previous item as a third input, "
+        "prev_item (models with an order term).",
+        rich_help_panel=OUTPUT,
+    ),  # fmt: skip
     json_out: bool = _json(),
     quiet: bool = _quiet("Print nothing but errors (with --json: the JSON)."),
 ) -> None:
     """Export a run to ONNX: inputs user, item (int64, any batch size), output logit (float32).
 
-    Export and the parity check run on the CPU, so there is no --device."""
+    An order term's previous item is looked up inside the graph (as recommend --exclude-seen).
+
+    Export and the parity checks run on the CPU, so there is no --device."""
     from ncfcli.data.sources import resolve_run
     from ncfcli.export import ExportConfig, run_export
     from ncfcli.ui import out_console, print_json, summary_table
@@ -753,22 +877,33 @@ def export(
     if not onnx:
         raise NcfError("choose a format: --onnx")
     cfg = ExportConfig(out=out, triton=triton, name=name, opset=opset,
-                       max_batch_size=max_batch_size, atol=atol, overwrite=overwrite)  # fmt: skip
+                       max_batch_size=max_batch_size, atol=atol, overwrite=overwrite,
+                       session=session)  # fmt: skip
     res = run_export(resolve_run(run_dir), cfg)
     if json_out:
         print_json(res)
         return
     if quiet:
         return
+    inputs = ", ".join(res["inputs"])
     rows: list[tuple[str, Any]] = [
         ("onnx", res["onnx"]),
+        ("inputs", inputs + (" (each user's latest item inside)" if res["context"] else "")),
         ("output", f"{res['output']} (sigmoid of it = probability)"),
         ("max |onnxruntime - torch|", f"{res['max_abs_diff']:.3g}"),
     ]
     rows += [(f"  batch {b}", f"{d:.3g}") for b, d in res["parity"].items()]
+    if res["session"]:
+        rows.append(("  session model", f"{max(res['session_parity'].values()):.3g}"))
+    rows.append(("max |onnx - recommend|", f"{res['recommend_max_abs_diff']:.3g} "
+                 f"({res['recommend_users']} users, --exclude-seen)"))  # fmt: skip
+    if res["session"]:
+        rows.append(("session model", f"{res['session']} (+ prev_item)"))
     rows += [("id maps", ", ".join(res["id_maps"])), ("metadata", res["metadata"])]
     if res["triton"]:
         rows.append(("triton model", res["triton"]))
+    if res["triton_session"]:
+        rows.append(("triton session model", res["triton_session"]))
     out_console().print(summary_table("ncf export", rows))
 
 

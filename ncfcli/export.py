@@ -1,20 +1,36 @@
-"""`ncf export RUN_DIR --onnx [--out PATH] [--triton DIR]`: a model other programs can serve.
+"""`ncf export RUN_DIR --onnx [--out PATH] [--triton DIR] [--session]`: a model other programs serve.
 
 The ONNX graph takes `user` and `item`, int64 [batch] dense ids (batch is dynamic, any size
->= 1), and a model with an order term (`ncf train --order-factors`) also `prev_item`, int64
-[batch]: the item the user interacted with last, or n_items for none. It returns `logit`,
-float32 [batch]: the raw model output, sigmoid(logit) being the
+>= 1), and returns `logit`, float32 [batch]: the raw model output, sigmoid(logit) being the
 predicted interaction probability. The logit is exported rather than the probability because
 float32 sigmoid saturates (every logit above ~17 becomes 1.0), which would turn distinct
 scores into ties when a server ranks items; a client that wants probabilities applies sigmoid.
 
+A model with an order term (`ncf train --order-factors`, on by default for small data with a
+time order) scores each pair after an item of the user's. A server keeps no such state, so the
+graph carries it: a constant table, int64 [n_users], of each user's latest interaction in the
+prepared data (the held-out test item: PreparedData.context("next")), looked up by `user`
+inside the graph. That is the context `ncf recommend --exclude-seen`, the lists to serve,
+scores after (recommend.context_split), so the served logits equal its scores; export checks
+that on a sample of users and reports the largest difference. `--session` also writes
+`<name>_session.onnx`, whose third input `prev_item` (int64 [batch]; n_items for none) is the
+previous item, for a server that tracks sessions itself (`recommend --json` names the one it
+scored after as "after"). A model without an order term takes user and item alone; --session
+is refused for it.
+
 Beside the .onnx file: `user_ids.parquet` / `item_ids.parquet` (row i holds the raw id of
-dense id i, as in the prepared dataset) and `<name>.json` describing inputs, outputs, sizes and
-the id mapping. Ids outside [0, n) are an error on onnxruntime's CPU provider but are not
-checked by every provider, so clients must map and validate ids before calling the model.
+dense id i, as in the prepared dataset) and `<name>.json` describing inputs, outputs, sizes,
+the context table and the id mapping. Ids outside [0, n) are an error on onnxruntime's CPU
+provider but are not checked by every provider, so clients must map and validate ids before
+calling the model.
+
+--out's folder is new, empty, or one ncf exported to (its .ncf-output.json lists all it holds):
+a folder with anything ncf did not write in it is refused in one line, so ncf never writes into
+a folder of the user's. Files ncf exported there before are replaced only with --overwrite.
 
 `--triton DIR` also writes a Triton Inference Server model repository:
-DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (id maps and JSON in DIR/<name>/).
+DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (id maps and JSON in DIR/<name>/), with
+the same two inputs; with --session also DIR/<name>_session/, which takes the three.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,10 +51,17 @@ from typing import Any
 from ncfcli.errors import NcfError
 
 INPUTS = ("user", "item")
-ORDER_INPUT = "prev_item"  # a model with an order term's third input
+ORDER_INPUT = "prev_item"  # the session model's third input
+SESSION = "_session"  # the session model's file stem and Triton name end in this
 OUTPUT = "logit"
 PARITY_BATCHES = (1, 7, 100_000)
+RECOMMEND_USERS = 32  # users whose every candidate is compared with `ncf recommend`'s score
 MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
+CONTEXT = (
+    "each user's latest interaction in the prepared data (the held-out test item), a constant "
+    "int64 [n_users] table inside the graph looked up by user: the item `ncf recommend "
+    "--exclude-seen` scores after"
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,7 @@ class ExportConfig:
     atol: float = 1e-4  # largest onnxruntime-vs-PyTorch difference accepted
     seed: int = 0  # seed of the random parity inputs
     overwrite: bool = False  # replace files (and a Triton model) ncf exported there before
+    session: bool = False  # also write <name>_session.onnx taking prev_item (order term only)
 
     def __post_init__(self) -> None:
         if self.opset < MIN_OPSET:
@@ -88,19 +113,59 @@ def _writable_dir(path: Path, what: str) -> None:
         raise NcfError(f"{what} {path} is not writable")
 
 
-def inputs_for(model: Any) -> tuple[str, ...]:
-    """The graph's input names: user, item, and prev_item for a model with an order term."""
-    from ncfcli.metrics import uses_order
+@contextlib.contextmanager
+def _new_dirs(*dirs: tuple[Path, str]) -> Iterator[None]:
+    """Create each (directory, what it is) with its parents; when the block fails, remove the
+    ones made here again (they are empty by then): a failed export leaves no folder behind."""
+    made: list[Path] = []
+    try:
+        for path, what in dirs:
+            made += [p for p in (path, *path.parents) if not p.exists() and not p.is_symlink()]
+            _writable_dir(path, what)
+        yield
+    except BaseException:
+        for p in sorted(set(made), key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
 
-    return INPUTS + ((ORDER_INPUT,) if uses_order(model) else ())
+
+def check_export_folder(out: Path) -> None:
+    """May ncf write `out` and its companions into its folder? One line if not.
+
+    The folder must be new, empty, or ncf's: its record (an export, or loose files such as
+    `recommend --all-users --out` writes) lists everything it holds. ncf writes its record into
+    the folders it exports to, so a folder holding anything else is the user's and refused."""
+    from ncfcli.fsutil import KINDS, MARKER, foreign_entries, read_marker
+
+    folder = out.parent
+    if not folder.is_dir():
+        return  # new (a file in the way is reported when the folder is created)
+    fix = "nothing was changed: give --out a file in a new or empty folder"
+    record = read_marker(folder)
+    if record is not None and record["kind"] not in ("export", "files"):
+        raise NcfError(f"--out {out}: folder {folder} holds {KINDS[record['kind']]}, not an "
+                       f"ONNX export; {fix}")  # fmt: skip
+    found = foreign_entries(folder, record if record is not None else {"entries": []})
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        why = "" if record is not None else f" (no {MARKER})"
+        raise NcfError(f"--out {out}: folder {folder} holds {found[0]!r}{more}, which ncf did "
+                       f"not write{why}; {fix}")  # fmt: skip
 
 
-def _onnx_module(model: Any, n_inputs: int) -> Any:
+def graph_inputs(session: bool) -> tuple[str, ...]:
+    """The graph's input names: user and item; the session model's prev_item too."""
+    return INPUTS + ((ORDER_INPUT,) if session else ())
+
+
+def _onnx_module(model: Any, context: Any, session: bool) -> Any:
+    """The module to export: (user [B], item [B]) -> logit [B], the user's context item
+    looked up in `context` (int64 [n_users], or None: no order term); with `session`,
+    (user, item, prev_item) -> logit."""
     import torch
 
     class Scorer(torch.nn.Module):
-        """Named positional inputs for the exporter: (user [B], item [B]) -> logit [B]."""
-
         def __init__(self, inner: torch.nn.Module) -> None:
             super().__init__()
             self.inner = inner
@@ -108,23 +173,39 @@ def _onnx_module(model: Any, n_inputs: int) -> Any:
         def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
             return self.inner(user, item)
 
-    class OrderScorer(Scorer):
-        """(user [B], item [B], prev_item [B]) -> logit [B]."""
+    class ContextScorer(Scorer):
+        context: torch.Tensor  # int64 [n_users]: each user's context item
 
+        def __init__(self, inner: torch.nn.Module, table: torch.Tensor) -> None:
+            super().__init__(inner)
+            self.register_buffer("context", table)  # an initializer of the graph
+
+        def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+            return self.inner(user, item, self.context[user])
+
+    class SessionScorer(Scorer):
         def forward(  # type: ignore[override]
             self, user: torch.Tensor, item: torch.Tensor, prev_item: torch.Tensor
         ) -> torch.Tensor:
             return self.inner(user, item, prev_item)
 
-    return (OrderScorer if n_inputs == 3 else Scorer)(model).eval()
+    if session:
+        return SessionScorer(model).eval()
+    if context is not None:
+        return ContextScorer(model, torch.as_tensor(context, dtype=torch.int64)).eval()
+    return Scorer(model).eval()
 
 
-def export_onnx(model: Any, path: Path, opset: int) -> None:
-    """Write `model` (on the CPU, eval mode) as a single-file ONNX graph with a dynamic batch."""
+def export_onnx(
+    model: Any, path: Path, opset: int, context: Any = None, session: bool = False
+) -> None:
+    """Write `model` (on the CPU, eval mode) as a single-file ONNX graph with a dynamic batch:
+    inputs user, item (the context item from `context` inside the graph), or with `session`
+    user, item, prev_item."""
     import torch
 
-    names = inputs_for(model)
-    module = _onnx_module(model, len(names))
+    names = graph_inputs(session)
+    module = _onnx_module(model, context, session)
     # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
     # declared dynamic dim keep the graph batch-agnostic.
     example = tuple(torch.tensor([0, 1], dtype=torch.int64) for _ in names)
@@ -164,16 +245,25 @@ def _quiet_loggers() -> Any:
             lg.setLevel(lvl)
 
 
-def parity(
-    model: Any, onnx_path: Path, n_users: int, n_items: int, seed: int = 0
-) -> dict[int, float]:
-    """Max |onnxruntime - PyTorch| on random ids (previous items too, "none" among them, for
-    a model with an order term), per batch size in PARITY_BATCHES."""
-    import numpy as np
+def _session(path: Path) -> Any:
     import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def parity(
+    model: Any, onnx_path: Path, n_users: int, n_items: int, seed: int = 0, context: Any = None
+) -> dict[int, float]:
+    """Max |onnxruntime - PyTorch| on random ids, per batch size in PARITY_BATCHES.
+
+    PyTorch scores model(user, item) for a model without an order term, else model(user, item,
+    previous item): `context[user]` (int64 [n_users]) for the graph that looks it up itself, or
+    random previous items ("none" among them) for a session graph, which is given them."""
+    import numpy as np
     import torch
 
-    sess = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    sess = _session(onnx_path)
+    takes_prev = ORDER_INPUT in [i.name for i in sess.get_inputs()]
     rng = np.random.default_rng(seed)
     out: dict[int, float] = {}
     for b in PARITY_BATCHES:
@@ -182,19 +272,47 @@ def parity(
         # The largest ids must work too (an off-by-one in a table size shows up only there).
         users[-1], items[-1] = n_users - 1, n_items - 1
         feed = {"user": users, "item": items}
-        if ORDER_INPUT in inputs_for(model):
+        args = [users, items]
+        if takes_prev:
             prev = rng.integers(0, n_items + 1, size=b, dtype=np.int64)
             prev[-1] = n_items  # the "no previous item" row
             feed[ORDER_INPUT] = prev
+            args.append(prev)
+        elif context is not None:
+            args.append(np.asarray(context, dtype=np.int64)[users])
         got = sess.run([OUTPUT], feed)[0]
         with torch.no_grad():
-            ref = model(*(torch.from_numpy(a) for a in feed.values())).float().numpy()
+            ref = model(*(torch.from_numpy(a) for a in args)).float().numpy()
         if got.shape != ref.shape:
             raise NcfError(
                 f"exported model returned shape {got.shape} for batch {b}, PyTorch {ref.shape}"
             )
         out[b] = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
     return out
+
+
+def recommend_parity(run: Any, data: Any, onnx_path: Path, backend: Any) -> tuple[float, int]:
+    """(max |served logit - `ncf recommend --exclude-seen`'s score|, users compared): every
+    item recommend lists for RECOMMEND_USERS users (the first, the last and evenly between),
+    scored by the exported graph on user and item alone and by recommend's own scorer."""
+    import numpy as np
+
+    from ncfcli.recommend import RecommendConfig, _Scorer
+
+    n = data.n_items
+    users = np.unique(np.linspace(0, data.n_users - 1, min(RECOMMEND_USERS, data.n_users)).round())
+    users = users.astype(np.int64)
+    scorer = _Scorer(run, data, RecommendConfig(k=n, exclude_seen=True), backend)
+    items, scores = scorer.top(users)  # [U, n] best first, -inf where recommend lists nothing
+    sess = _session(onnx_path)
+    every = np.arange(n, dtype=np.int64)
+    # One user a call, as a server ranks the catalogue: memory stays one catalogue's worth.
+    served = np.stack([sess.run([OUTPUT], {"user": np.full_like(every, u), "item": every})[0]
+                       for u in users])  # fmt: skip
+    listed = np.isfinite(scores)
+    got = np.take_along_axis(served, items, axis=1)[listed].astype(np.float64)
+    diff = np.abs(got - scores[listed].astype(np.float64))
+    return (float(diff.max()) if diff.size else 0.0), len(users)
 
 
 def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...] = INPUTS) -> str:
@@ -219,14 +337,18 @@ def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...] = INPU
 
 
 def describe(
-    run: Any, data_meta: dict, onnx_name: str, diffs: dict[int, float], opset: int
-) -> dict:
+    run: Any, data_meta: dict, onnx_name: str, diffs: dict[int, float], opset: int,
+    session: bool = False,
+) -> dict:  # fmt: skip
+    """The JSON beside a graph: the session graph's with `session`, else the served one's."""
+    from ncfcli.metrics import uses_order
+
     cfg = run.model_config
     inputs: dict[str, Any] = {
         "user": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_users - 1]},
         "item": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items - 1]},
     }
-    if ORDER_INPUT in inputs_for(run.model):
+    if session:
         inputs[ORDER_INPUT] = {
             "dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items],
             "meaning": "the user's latest item before this one (item dense id); "
@@ -244,6 +366,10 @@ def describe(
                 "meaning": "logit; sigmoid(logit) is the predicted interaction probability",
             }
         },
+        # The order term's previous item: an input of the session graph, else built in.
+        "context": (f"the {ORDER_INPUT} input" if session else CONTEXT)
+        if uses_order(run.model)
+        else None,
         "n_users": cfg.n_users,
         "n_items": cfg.n_items,
         "id_maps": {
@@ -270,15 +396,32 @@ def _copy_id_maps(data_dir: Path, dest: Path) -> None:
         shutil.copyfile(src, dest / fname)
 
 
+def _build(model: Any, path: Path, opset: int, context: Any, session: bool) -> None:
+    """export_onnx, then onnx.checker; each failure one line."""
+    import onnx
+
+    try:
+        export_onnx(model, path, opset, context, session)
+    except NcfError:
+        raise
+    except Exception as e:  # exporter failures are long; the first line says enough
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise NcfError(f"ONNX export failed: {first[:300]}") from None
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as e:
+        raise NcfError(f"onnx.checker rejected the exported model: {e}") from None
+
+
 def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     """Export `run.model`, check parity, write files; {"onnx", "max_abs_diff", "parity", ...}.
 
     Everything is built in a temporary directory and moved into place only after the checker
-    and the parity check pass, so a failed export leaves nothing half-written.
+    and the parity checks pass, so a failed export leaves nothing half-written.
     """
-    import onnx
-
+    from ncfcli.backend import get_backend
     from ncfcli.data.dataset import ID_MAPS, read_meta
+    from ncfcli.evaluate import resolve_data
     from ncfcli.fsutil import (
         atomic_dir,
         check_out_dir,
@@ -287,6 +430,8 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         record_written,
         write_marker,
     )
+    from ncfcli.metrics import uses_order
+    from ncfcli.recommend import context_split
 
     require_export_deps()
     out = Path(cfg.out) if cfg.out is not None else run.path / "export" / "model.onnx"
@@ -294,82 +439,113 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         raise NcfError(f"--out must end in .onnx, got {out}")
     if out.is_dir():
         raise NcfError(f"--out {out} is a directory; give a file path ending in .onnx")
+    ordered = uses_order(run.model)
+    if cfg.session and not ordered:
+        raise NcfError(f"--session: {run.path}'s model has no order term (--order-factors 0); "
+                       "its model takes user and item alone, there is no previous item to give")  # fmt: skip
+    folder = out.parent
     meta_name = out.with_suffix(".json").name
-    names = (*ID_MAPS, meta_name, out.name)
+    session_name = f"{out.stem}{SESSION}.onnx"
+    graphs = [(out.name, False)] + ([(session_name, True)] if cfg.session else [])
+    # Sidecars first, models last: a reader that finds an .onnx finds its id maps too.
+    names = (*ID_MAPS, meta_name, *reversed([g for g, _ in graphs]))
+    check_export_folder(out)
     # Every file written beside the model is checked, not only the model: none may be the user's.
     for fname in names:
-        check_out_file(out.parent / fname, overwrite=cfg.overwrite)
-    triton_model = None
+        check_out_file(folder / fname, overwrite=cfg.overwrite)
+    tritons: list[tuple[Path, str, bool]] = []  # (model directory, model name, session)
     if cfg.triton is not None:
-        triton_model = Path(cfg.triton) / cfg.name
-        check_out_dir(triton_model, "triton model", overwrite=cfg.overwrite, flag="--triton",
-                      protect=[run.path])  # fmt: skip
-    _writable_dir(out.parent, "export directory")
-    if out.parent.parent.resolve() == run.path.resolve() and read_marker(run.path):
-        # Listed in the run's record; what the folder holds is checked against its own record.
-        record_written(run.path, [out.parent.name])
-    if cfg.triton is not None:
-        _writable_dir(Path(cfg.triton), "--triton directory")
+        tritons = [(Path(cfg.triton) / f"{cfg.name}{s}", f"{cfg.name}{s}", bool(s))
+                   for s in (["", SESSION] if cfg.session else [""])]  # fmt: skip
+        for tdir, _, _ in tritons:
+            check_out_dir(tdir, "triton model", overwrite=cfg.overwrite, flag="--triton",
+                          protect=[run.path])  # fmt: skip
     meta = read_meta(data_dir)
     if meta.get("fingerprint") != run.dataset_fingerprint:
         raise NcfError(
             f"dataset {data_dir} is not the one {run.checkpoint_path} was trained on "
             "(fingerprints differ): its id maps would not match the model"
         )
+    backend = get_backend("cpu")
+    data, _ = resolve_data(run, data_dir, backend)
     model = run.model.cpu().eval()
     cfg_m = run.model_config
-    with tempfile.TemporaryDirectory(prefix=".ncf-export-", dir=out.parent) as tmp_s:
+    context = data.context(context_split(exclude_seen=True), backend.xp) if ordered else None
+    dirs = [(folder, "export directory")]
+    if cfg.triton is not None:
+        dirs.append((Path(cfg.triton), "--triton directory"))
+    with (
+        _new_dirs(*dirs),
+        tempfile.TemporaryDirectory(prefix=".ncf-export-", dir=folder) as tmp_s,
+    ):
         tmp = Path(tmp_s)
-        onnx_tmp = tmp / out.name
-        try:
-            export_onnx(model, onnx_tmp, cfg.opset)
-        except NcfError:
-            raise
-        except Exception as e:  # exporter failures are long; the first line says enough
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise NcfError(f"ONNX export failed: {first[:300]}") from None
-        try:
-            onnx.checker.check_model(str(onnx_tmp), full_check=True)
-        except Exception as e:
-            raise NcfError(f"onnx.checker rejected the exported model: {e}") from None
-        diffs = parity(model, onnx_tmp, cfg_m.n_users, cfg_m.n_items, cfg.seed)
-        worst = max(diffs.values())
+        diffs: dict[str, dict[int, float]] = {}
+        for fname, session in graphs:
+            _build(model, tmp / fname, cfg.opset, context, session)
+            diffs[fname] = parity(model, tmp / fname, cfg_m.n_users, cfg_m.n_items, cfg.seed,
+                                  context)  # fmt: skip
+        worst = max(d for per in diffs.values() for d in per.values())
         if not worst <= cfg.atol:
             raise NcfError(
                 f"onnxruntime and PyTorch disagree by {worst:.3g} (> --atol {cfg.atol:g}); "
                 "nothing was written"
             )
-        desc = describe(run, meta, out.name, diffs, cfg.opset)
+        served, n_compared = recommend_parity(run, data, tmp / out.name, backend)
+        if not served <= cfg.atol:
+            raise NcfError(
+                f"the exported model and `ncf recommend --exclude-seen` disagree by {served:.3g} "
+                f"(> --atol {cfg.atol:g}); nothing was written"
+            )
+        desc = describe(run, meta, out.name, diffs[out.name], cfg.opset)
+        desc["recommend_max_abs_diff"] = served
+        if cfg.session:
+            desc["session"] = describe(run, meta, session_name, diffs[session_name], cfg.opset,
+                                       session=True)  # fmt: skip
         _copy_id_maps(data_dir, tmp)
         (tmp / meta_name).write_text(json.dumps(desc, indent=2) + "\n")
-        if triton_model is not None:
-            with atomic_dir(triton_model, "triton model") as tdir:
+        for tdir, tname, session in tritons:
+            with atomic_dir(tdir, "triton model") as tmp_t:
                 # mkdtemp makes it owner-only; a server running as another user must read it.
-                tdir.chmod(0o755)
-                (tdir / "1").mkdir()
-                write_marker(tdir / "1", "triton model", ["model.onnx"])
-                shutil.copyfile(onnx_tmp, tdir / "1" / "model.onnx")
-                (tdir / "config.pbtxt").write_text(
-                    triton_config(cfg.name, cfg.max_batch_size, inputs_for(model))
+                tmp_t.chmod(0o755)
+                (tmp_t / "1").mkdir()
+                write_marker(tmp_t / "1", "triton model", ["model.onnx"])
+                shutil.copyfile(tmp / (session_name if session else out.name),
+                                tmp_t / "1" / "model.onnx")  # fmt: skip
+                (tmp_t / "config.pbtxt").write_text(
+                    triton_config(tname, cfg.max_batch_size, graph_inputs(session))
                 )
                 for fname in ID_MAPS:
-                    shutil.copyfile(tmp / fname, tdir / fname)
-                tdesc = dict(desc, model_file="1/model.onnx")
-                (tdir / "model.json").write_text(json.dumps(tdesc, indent=2) + "\n")
-        # Sidecars first, model last: a reader that finds the .onnx finds its id maps too.
+                    shutil.copyfile(tmp / fname, tmp_t / fname)
+                tdesc = desc["session"] if session else desc
+                tdesc = {k: v for k, v in tdesc.items() if k != "session"}
+                (tmp_t / "model.json").write_text(
+                    json.dumps(dict(tdesc, model_file="1/model.onnx"), indent=2) + "\n"
+                )
         for fname in names:
-            check_out_file(out.parent / fname, overwrite=cfg.overwrite)  # may have appeared since
-        record_written(out.parent, names, "export")
+            check_out_file(folder / fname, overwrite=cfg.overwrite)  # may have appeared since
+        record_written(folder, names, "export")
         for fname in names:
-            os.replace(tmp / fname, out.parent / fname)
+            os.replace(tmp / fname, folder / fname)
+    if folder.parent.resolve() == run.path.resolve() and read_marker(run.path):
+        # Listed in the run's record; what the folder holds is checked against its own record.
+        record_written(run.path, [folder.name])
     return {
         "onnx": str(out),
+        "inputs": list(INPUTS),
+        "context": CONTEXT if ordered else None,
         "max_abs_diff": worst,
-        "parity": {str(b): d for b, d in diffs.items()},
+        "parity": {str(b): d for b, d in diffs[out.name].items()},
+        "recommend_max_abs_diff": served,
+        "recommend_users": n_compared,
+        "session": str(folder / session_name) if cfg.session else None,
+        "session_parity": {str(b): d for b, d in diffs[session_name].items()}
+        if cfg.session
+        else None,
         "output": OUTPUT,
-        "id_maps": [str(out.parent / f) for f in ID_MAPS],
-        "metadata": str(out.parent / meta_name),
-        "triton": str(triton_model) if triton_model is not None else None,
+        "id_maps": [str(folder / f) for f in ID_MAPS],
+        "metadata": str(folder / meta_name),
+        "triton": str(tritons[0][0]) if tritons else None,
+        "triton_session": str(tritons[1][0]) if len(tritons) > 1 else None,
     }
 
 

@@ -22,8 +22,8 @@ import contextlib
 import fnmatch
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
+def _temp_dir(parent: Path, prefix: str) -> Path:
+    """A new empty directory `parent/prefix<random>` with the mode `mkdir` gives (0777 less the
+    umask), as the folder it becomes should have: tempfile.mkdtemp's 0700 would hide a dataset
+    or run from the group and others whom the user's umask lets read it."""
+    for _ in range(100):
+        tmp = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp, 0o777)
+        except FileExistsError:
+            continue
+        return tmp
+    raise NcfError(f"cannot create a temporary folder in {parent}: every name tried exists")
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike, kind: str) -> Iterator[Path]:
     """Yield an empty temporary directory beside `path`; on success it becomes `path`, with
@@ -87,7 +101,7 @@ def atomic_dir(path: str | os.PathLike, kind: str) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = _temp_dir(path.parent, f".{path.name}.tmp-")
     try:
         yield tmp
         write_marker(tmp, kind, [e for e in os.listdir(tmp) if e != MARKER])

@@ -194,17 +194,14 @@ def _train_args(argv: Sequence[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["train"] else argv
 
 
-def plan_launch(
-    argv: Sequence[str],
-    *,
-    nproc: int | None,
-    gpus: int | None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> LaunchPlan:
-    """Check the launch options (one-line NcfError naming the flag) and resolve the defaults."""
+def check_launch_flags(
+    nproc: int | None, gpus: int | None, nnodes: int = 1, node_rank: int = 0,
+    master_addr: str | None = None, master_port: int | None = None,
+) -> None:  # fmt: skip
+    """One-line NcfError naming the flag for a launch option that cannot work (`--nproc 0`).
+
+    Needs no torch: `ncf train` calls it before loading torch, so a typo costs no wait.
+    """
     if nproc is not None and gpus is not None:
         raise NcfError(
             "--nproc and --gpus cannot be used together: --gpus N starts one worker per GPU, "
@@ -225,6 +222,19 @@ def plan_launch(
     if master_port is not None and not 1 <= master_port <= 65535:
         raise NcfError(f"--master-port must be in 1..65535, got {master_port}")
 
+
+def plan_launch(
+    argv: Sequence[str],
+    *,
+    nproc: int | None,
+    gpus: int | None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> LaunchPlan:
+    """Check the launch options (one-line NcfError naming the flag) and resolve the defaults."""
+    check_launch_flags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
     args, user_device = strip_launch_args(_train_args(argv))
     device: str | None = user_device
     per_node = 1

@@ -308,7 +308,12 @@ class NCF(nn.Module):
                 # times: weigh each row's square once by its count. Same sum, and its backward
                 # is one elementwise pass over the table instead of scattering B rows (which
                 # made the default ml-100k run 1.8x slower on a CPU).
-                counts = torch.bincount(ids.long(), minlength=w.shape[0]).to(w.dtype)
+                # Not torch.bincount: on CUDA it reads the smallest and largest id back to check
+                # and size its output, host syncs every step; a scatter-add into a table-sized
+                # buffer does not.
+                ids = ids.long()
+                counts = torch.zeros(w.shape[0], dtype=torch.int64, device=ids.device)
+                counts = counts.index_add_(0, ids, torch.ones_like(ids)).to(w.dtype)
                 total = total + (counts * w.square().sum(dim=1)).sum()
             else:
                 total = total + self._rows(w, ids.long()).square().sum()

@@ -17,8 +17,10 @@ chunk's top-K into a Parquet (or CSV) file: user, rank, item, score, plus title 
 prepared dataset has item titles (data/sources.py).
 
 A model with an order term (`ncf train --order-factors`) scores each user after an item of
-theirs (see _Scorer); the JSON lists name it as "after", the raw id to pass an exported model
-as `prev_item` for the same list (examples/serve_onnx.py --after).
+theirs (see _Scorer and context_split); the JSON lists name it as "after". `ncf export` builds
+the --exclude-seen context into its ONNX graph, so the served model scores as `recommend
+--exclude-seen` does; "after" is the `prev_item` to give the session model (`ncf export
+--session`) for the same list.
 """
 
 from __future__ import annotations
@@ -171,6 +173,13 @@ def popular_items(data: Any, k: int, backend: Any) -> tuple[list[int], list[int]
     return order.tolist(), counts[order].tolist()
 
 
+def context_split(exclude_seen: bool) -> str:
+    """The order term's context (PreparedData.context) recommend scores after: "test", the list
+    the full-ranking test metric ranks, by default; "next", each user's latest interaction, with
+    --exclude-seen (the lists to serve), the one `ncf export` builds into its graph."""
+    return "next" if exclude_seen else "test"
+
+
 class _Scorer:
     """The run's model and the items it leaves out per user (training positives; with
     --exclude-seen, every positive) on the device, scoring chunks of users.
@@ -198,7 +207,7 @@ class _Scorer:
         self.prev = None
         self.after: Any = None  # host int [n_users]: the context item, for the JSON lists
         if uses_order(self.model):
-            context = data.context("next" if cfg.exclude_seen else "test", backend.xp)
+            context = data.context(context_split(cfg.exclude_seen), backend.xp)
             self.prev = backend.to_torch(context).to(device)
             self.after = backend.to_numpy(context)
         self.device = device
@@ -266,17 +275,51 @@ def recommend(
     return Recommendations(results, unknown, skipped=line)
 
 
+# The --all-users table names its writer inside itself, so ncf writes nothing beside it (the
+# folder is the user's): Parquet in its schema metadata; a CSV by the header PyArrow writes.
+TABLE_KEY = b"ncfcli.recommend"
+
+
+def _csv_header(columns: Sequence[str]) -> bytes:
+    return (",".join(f'"{c}"' for c in columns) + "\n").encode()
+
+
+def written_by_ncf(path: Path) -> bool:
+    """Whether `path` is an earlier `recommend --all-users` table (its Parquet metadata, or its
+    CSV header exactly as ncf writes it; ncf <= 0.6 listed it in a record beside it instead)."""
+    from ncfcli.fsutil import read_marker
+
+    record = read_marker(path.parent)
+    if record is not None and path.name in record["entries"]:
+        return True
+    base = ["user", "rank", "item", "score"]
+    try:
+        if path.suffix.lower() == ".csv":
+            with open(path, "rb") as f:
+                head = f.read(64)
+            return head.startswith((_csv_header(base), _csv_header([*base, "title"])))
+        import pyarrow.parquet as pq
+
+        return TABLE_KEY in (pq.read_schema(path).metadata or {})
+    except Exception:  # unreadable, not Parquet at all: not ncf's table
+        return False
+
+
 def check_out_file(out: str | Path, overwrite: bool) -> Path:
     """The --out file of --all-users: a known extension, and an existing file replaced only when
-    ncf wrote it and --overwrite is given (fsutil.check_out_file)."""
-    from ncfcli import fsutil
-
+    it is ncf's own table (written_by_ncf) and --overwrite is given."""
     p = Path(out)
     if p.is_dir():
         raise NcfError(f"--out {p} is a folder; give a file name such as {p / 'recs.parquet'}")
     if p.suffix.lower() not in OUT_FORMATS:
         raise NcfError(f"--out {p}: use a .parquet or .csv file name")
-    fsutil.check_out_file(p, overwrite=overwrite)
+    if p.exists() or p.is_symlink():
+        if p.is_symlink() or not written_by_ncf(p):
+            raise NcfError(f"--out {p} already exists and ncf did not write it; nothing was "
+                           "changed: give another file name")  # fmt: skip
+        if not overwrite:
+            raise NcfError(f"--out {p} already exists (written by ncf): add --overwrite to "
+                           "replace it")  # fmt: skip
     if not p.parent.is_dir():
         raise NcfError(f"--out {p}: folder {p.parent} does not exist")
     return p
@@ -295,7 +338,7 @@ def recommend_all(
     import pyarrow as pa
 
     from ncfcli.data.dataset import load_id_maps
-    from ncfcli.fsutil import atomic_path, record_written
+    from ncfcli.fsutil import atomic_path
 
     t0 = time.perf_counter()
     path = check_out_file(out, overwrite)
@@ -341,7 +384,6 @@ def recommend_all(
         if writer is None:  # no users at all: prepare never writes such a dataset
             raise NcfError(f"dataset {data.path} has no users")
         writer.close()
-    record_written(path.parent, [path.name])  # so --overwrite may replace it
     backend.synchronize()
     return AllUsersResult(out=str(path), users=data.n_users, rows=rows, k=cfg.k,
                           titles=titles is not None, seconds=time.perf_counter() - t0)  # fmt: skip
@@ -352,9 +394,14 @@ def _open_writer(path: Path, schema: Any, csv: bool) -> Any:
         import pyarrow.csv as pcsv
 
         return pcsv.CSVWriter(path, schema)
+    import json
+
     import pyarrow.parquet as pq
 
-    return pq.ParquetWriter(path, schema)
+    from ncfcli import __version__
+
+    mark = json.dumps({"written_by": f"ncfcli {__version__}", "command": "recommend --all-users"})
+    return pq.ParquetWriter(path, schema.with_metadata({TABLE_KEY: mark.encode()}))
 
 
 def _load(run_dir: str | Path, cfg: RecommendConfig, device: str) -> tuple[Any, Any, Any, Any]:

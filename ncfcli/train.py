@@ -70,6 +70,7 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -89,7 +90,7 @@ from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
 from ncfcli.defaults import BASE, first_tier, size_defaults, small_data_batch
 from ncfcli.distributed import DistEnv
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, is_device_oom
 from ncfcli.fsutil import (
     atomic_write_text,
     check_out_dir,
@@ -412,6 +413,17 @@ def tunables(cfg: TrainConfig) -> dict[str, Any]:
     return d
 
 
+def _shown(cfg: TrainConfig, model_cfg: ModelConfig, cuda: bool) -> dict[str, Any]:
+    """tunables(cfg) for the hyper-parameter line: without what this model or device ignores
+    (MF has no MLP layers or dropout, a CPU no TF32, fp32 no AMP dtype)."""
+    unused = set() if model_cfg.uses_mlp else {"layers", "dropout"}
+    unused |= set() if model_cfg.uses_gmf else {"factors"}
+    unused |= set() if cfg.model == "neumf" else {"pretrained_gmf", "pretrained_mlp"}
+    unused |= set() if cuda else {"tf32"}
+    unused |= set() if cfg.amp else {"amp_dtype"}
+    return {k: v for k, v in tunables(cfg).items() if k not in unused}
+
+
 @dataclass
 class TrainResult:
     run_dir: str
@@ -526,7 +538,53 @@ def _seed_dropout(device: torch.device, base: int, step: int) -> None:
 
 
 def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or type(e).__name__ == "OutOfMemoryError"
+    """torch's, CuPy's or RMM's out-of-GPU-memory error (ncfcli.errors.is_device_oom)."""
+    return isinstance(e, torch.OutOfMemoryError) or is_device_oom(e)
+
+
+# torch's process-wide TF32 switches (the legacy ones, then torch >= 2.9's finer ones).
+_TF32_LEGACY = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"))
+_TF32_FINE = (("cuda.matmul", "fp32_precision"), ("cudnn.conv", "fp32_precision"),
+              ("cudnn.rnn", "fp32_precision"))  # fmt: skip
+
+
+@contextlib.contextmanager
+def _tf32_restored() -> Any:
+    """Put torch's TF32 settings back as they were on exit.
+
+    `train` sets them for its run; without this a later `evaluate` or `recommend` in the same
+    process (the Python API, a notebook) would score in TF32. torch >= 2.9 refuses to read a
+    legacy switch once the finer API has set it (RuntimeError): such a switch is not saved, the
+    finer values, restored last, are.
+    """
+
+    def read(switches: tuple[tuple[str, str], ...]) -> list[tuple[Any, str, Any]]:
+        saved = []
+        for path, name in switches:
+            owner: Any = torch.backends
+            try:
+                for part in path.split("."):
+                    owner = getattr(owner, part)
+                saved.append((owner, name, getattr(owner, name)))
+            except (AttributeError, RuntimeError):  # older torch, or a mixed-API state
+                continue
+        return saved
+
+    legacy = read(_TF32_LEGACY)
+    try:
+        precision: str | None = torch.get_float32_matmul_precision()
+    except RuntimeError:
+        precision = None
+    fine = read(_TF32_FINE)
+    try:
+        yield
+    finally:
+        for owner, name, value in legacy:
+            setattr(owner, name, value)
+        if precision is not None:
+            torch.set_float32_matmul_precision(precision)
+        for owner, name, value in fine:
+            setattr(owner, name, value)
 
 
 def default_run_dir(data_dir: str) -> str:
@@ -673,13 +731,9 @@ def _evaluate(
     users, test_items, test_negs, *prev = eval_set  # prev: the order term's context, if any
     was_training = model.training
     model.eval()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        with torch.autocast(users.device.type, enabled=False):
-            ranks = sampled_ranks(model, users, test_items, test_negs, max_rows, *prev)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    with _tf32_restored(), torch.autocast(users.device.type, enabled=False):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        ranks = sampled_ranks(model, users, test_items, test_negs, max_rows, *prev)
     model.train(was_training)
     sums = dist_env.all_reduce_sum(metric_sums(ranks, KS), env)
     return sums_to_metrics(sums, KS)
@@ -792,7 +846,8 @@ def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) ->
     dist_env.init(env, backend.torch_device)
     threads = torch.get_num_threads()  # _train may lower it for small CPU batches
     try:
-        result = _train(cfg, progress, env, backend, t_start)
+        with _tf32_restored():
+            result = _train(cfg, progress, env, backend, t_start)
         # Every rank reaches the teardown together: a rank that destroys its group while rank 0
         # still writes the run's files can die at exit in gloo's C++ side (SIGABRT, 1 run in 2).
         dist_env.barrier(env)
@@ -874,9 +929,10 @@ def _train(
 
     # ---- device setup --------------------------------------------------------------------------
     device = torch.device(backend.torch_device)
-    if backend.is_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
-        torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
+    # cuBLAS's and cuDNN's switches: on a CPU they change no kernel, and setting them on every
+    # device keeps one path, which `train` restores on exit (_tf32_restored).
+    torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
     amp_dtype = None
     if cfg.amp:
         want = cfg.amp_dtype or "auto"
@@ -986,7 +1042,8 @@ def _train(
                 config["recency_probe"] = kept
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
     run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
-    run_log.announce(progress, tunables(cfg), env.world_size, backend.describe())
+    run_log.announce(progress, _shown(cfg, model_cfg, backend.is_cuda), env.world_size,
+                     backend.describe())  # fmt: skip
 
     def state(
         epoch: int, step: int = 0, loss_sums: tuple[float, float] = (0.0, 0.0)
@@ -1015,7 +1072,7 @@ def _train(
         run_log,
     ):
         for epoch in range(done + 1, cfg.epochs + 1):
-            backend.synchronize()
+            backend.synchronize_stream()  # not the side stream building the next epoch
             t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
             batches = upcoming.result() if upcoming else _build_epoch(sampler, epoch, local_batch)
             if epoch < cfg.epochs:
@@ -1085,9 +1142,10 @@ def _train(
                             _save_curves(run_dir / ckpt.CURVES, history)
                     raise NcfError(
                         f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
-                        f"continue with --out {run_dir} --resume", exit_code=130,
+                        f"continue with: ncf train --out {shlex.quote(str(run_dir))} --resume",
+                        exit_code=130,
                     )  # fmt: skip
-            backend.synchronize()
+            backend.synchronize_stream()
             seconds = time.perf_counter() - t0
             train_seconds += seconds
             done_samples = (n_steps - first) * local_batch * env.world_size

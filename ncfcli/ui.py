@@ -63,9 +63,28 @@ def _description() -> TextColumn:
     )
 
 
+class _Stages(Progress):
+    """A Progress whose unfinished stages vanish when the command fails, so the error line
+    follows the finished stages and not a spinner frozen mid-turn (on a terminal, or in the one
+    final drawing Rich makes when stderr is a file or a pipe)."""
+
+    def __exit__(self, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        if exc_type is not None:
+            for task in self.tasks:
+                if not task.finished:
+                    self.update(task.id, visible=False)
+            if not any(task.visible for task in self.tasks):
+                # Nothing to show: not even the blank line Progress.stop adds off a terminal.
+                self.live.transient = True
+                if not self.disable:
+                    self.live.stop()
+                return
+        super().__exit__(exc_type, exc_val, exc_tb)
+
+
 def stage_progress(console: Console, disable: bool = False) -> Progress:
     """One line per stage with a spinner and elapsed time (for `ncf prepare`)."""
-    return Progress(
+    return _Stages(
         SpinnerColumn(finished_text="[green]✓"),
         _description(),
         TimeElapsedColumn(),

@@ -147,3 +147,18 @@ def test_fp16_with_loss_scaling_trains(prepared_dir: Path, tmp_path: Path) -> No
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
     assert state["scaler"] is not None  # loss scaling was on
     assert json.loads(result.stdout)["metrics"]["hr@10"] > 0.1
+
+
+def test_amp_changes_neumf_numbers_but_not_by_much(prepared_dir: Path, tmp_path: Path) -> None:
+    """--amp --amp-dtype bf16 really runs NeuMF's steps under autocast: the same epoch with
+    and without it gives another loss (bf16 keeps 8 bits of mantissa, fp32 24), within a
+    per mille. An autocast that is never entered would give the fp32 numbers bit for bit."""
+    losses = {}
+    for name, extra in (("fp32", []), ("bf16", ["--amp", "--amp-dtype", "bf16"])):
+        run = tmp_path / name
+        result = ncf("train", prepared_dir, "--out", run, "--epochs", 1, "--model", "neumf",
+                     *SMALL, *extra, "-q")  # fmt: skip
+        assert result.exit_code == 0, result.output
+        losses[name] = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"]
+    assert losses["bf16"] != losses["fp32"]
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=1e-3)

@@ -78,3 +78,44 @@ def test_the_api_names_still_reach_their_modules(monkeypatch) -> None:
     monkeypatch.setattr(train_module, "KS", (5,))  # lands in the module the code reads
     assert importlib.import_module("ncfcli.train").KS == (5,)
     assert "data" in inspect.signature(train).parameters
+
+
+def test_every_api_function_has_its_signature_without_loading_torch() -> None:
+    """help(), IDEs and notebooks read inspect.signature; `prepare` once raised
+    ModuleNotFoundError (no module ncfcli.prepare) and `train` imported torch to answer."""
+    code = textwrap.dedent(
+        """
+        import inspect, sys
+        import ncfcli
+        from ncfcli import api
+        for name in ("prepare", "train", "evaluate", "export", "recommend"):
+            got = inspect.signature(getattr(ncfcli, name))
+            assert got == inspect.signature(getattr(api, name)), (name, got)
+            assert getattr(ncfcli, name).__doc__ == getattr(api, name).__doc__, name
+        assert "torch" not in sys.modules
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr[-2000:]
+
+
+def test_evaluate_takes_split_and_checkpoint_as_ncf_eval_does(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ncfcli import evaluate
+    from ncfcli.cli import app
+    from tests._runs import make_run
+
+    run = make_run(prepared_dir, tmp_path / "run", kind="mf")
+    got = evaluate(run, k=[5], split="validation", checkpoint="last", device="cpu")
+    res = CliRunner().invoke(app, ["eval", str(run), "-k", "5", "--split", "validation",
+                                   "--checkpoint", "last", "--device", "cpu", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    want = json.loads(res.stdout)
+    assert got.result["split"] == "validation" and got.metrics == want["metrics"]
+    assert got.checkpoint.endswith("last.pt")  # checkpoints/last.pt, not best.pt

@@ -38,7 +38,7 @@ def test_train_help_has_panels_and_the_size_table() -> None:
     out = _help("train")
     for panel in ("Data", "Model", "Optimisation", "Evaluation", "Devices", "Output"):
         assert f"─ {panel} ─" in out, panel
-    assert "[default: (by dataset size, table below)]" in out
+    assert "[default: (table below)]" in out
     assert "[default: (1e-8)]" in out and "[default: (30)]" in out  # --eps, --als-reg
     assert "--model             mf                neumf         neumf" in out
     # the table: one row per size-dependent option, values from ncfcli.defaults
@@ -76,12 +76,14 @@ def test_aliases_rewrite_to_the_documented_names() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--learning_rate", "0"], "--lr must be a finite number > 0, got 0"),
-        (["--batch_size", "0"], "--batch-size must be >= 1, got 0"),
-        (["--negative_samples", "0"], "--neg-per-pos must be >= 1, got 0"),
-        (["--threshold", "2"], "--target-hr must be in (0, 1], got 2"),
-        (["-b1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
-        (["--valid_batch_size", "0"], "--eval-batch must be >= 1, got 0"),
+        # the same checks, naming the flag as it was typed
+        (["--learning_rate", "0"], "--learning_rate must be a finite number > 0, got 0"),
+        (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+        (["--negative_samples", "0"], "--negative_samples must be >= 1, got 0"),
+        (["--threshold", "2"], "--threshold must be in (0, 1], got 2"),
+        (["-b1", "1.5"], "-b1 must be in [0, 1), got 1.5"),
+        (["--valid_batch_size", "0"], "--valid_batch_size must be >= 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     ],
 )
 def test_nvidia_names_reach_the_same_checks(prepared_dir: Path, args, message) -> None:
@@ -163,3 +165,39 @@ def test_shell_completion_completes_commands_and_options() -> None:
     env.update(COMP_WORDS="ncf recommend run --all", COMP_CWORD="3")
     res = runner.invoke(app, [], env=env, prog_name="ncf")
     assert res.output.split() == ["--all-users"]
+
+
+def _description_widths(command: str, columns: int) -> tuple[list[str], dict[str, int]]:
+    """--help's lines at `columns`, and for each visible option the width of its description
+    column (from where its help text starts to the panel's right border)."""
+    import typer.main
+
+    res = runner.invoke(app, [command, "--help"], env={"COLUMNS": str(columns)})
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    widths = {}
+    for param in click_command.params:
+        if getattr(param, "hidden", False) or param.param_type_name != "option" or not param.help:
+            continue
+        start = param.help.split()[0]
+        name = re.compile(rf"(?<![\w-]){re.escape(param.opts[-1])}(?![\w-])")
+        row = next(ln for ln in lines if ln.startswith("│ ") and (m := name.search(ln)) and
+                   m.start() < 30)  # fmt: skip
+        at = row.find(" " + start, row.find(param.opts[-1]) + len(param.opts[-1]))
+        assert at > 0, (param.opts, row)
+        widths[param.opts[-1]] = row.rindex("│") - at - 1
+    return lines, widths
+
+
+def test_train_help_reads_at_100_columns() -> None:
+    """Descriptions get the room (no column squeezed to a few words by long flag names or a
+    value placeholder on every flag), and the page stays short."""
+    lines, widths = _description_widths("train", 100)
+    assert len(lines) <= 135, len(lines)
+    narrow = {flag: w for flag, w in widths.items() if w < 50}
+    assert not narrow, narrow
+    assert len(widths) >= 40  # every option was found
+    for command in ("prepare", "train", "eval", "export", "recommend", "inspect", "info", ""):
+        out = _help(*([command] if command else []))
+        assert "<bool>" not in out, command  # flags take no value: no placeholder

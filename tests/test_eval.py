@@ -115,7 +115,7 @@ def test_k_forms_agree(run_dir: Path) -> None:
         (["--k", "5", "5"], "--k lists a value twice"),
         (["--k", "102"], "--k 102 is larger than the 101 candidates"),
         (["--full-ranking", "--k", "251"], "--k 251 is larger than the 250 candidates"),
-        (["--batch-rows", "0"], "--eval-batch must be >= 1, got 0"),
+        (["--batch-rows", "0"], "--batch-rows must be >= 1, got 0"),
         (["stray"], "unexpected argument 'stray'"),
         (["--checkpoint", "first"], "--checkpoint must be best or last, got 'first'"),
     ],

@@ -1,12 +1,17 @@
-"""`ncf export --onnx` end to end: checker, onnxruntime parity, id maps, Triton layout, errors."""
+"""`ncf export --onnx` end to end: checker, onnxruntime parity, id maps, Triton layout, errors,
+the README's serving snippet on every model kind, and where export may write."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,6 +27,12 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 runner = CliRunner()
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+# The README's serving snippet: onnxruntime on the export of runs/synthetic, user and item alone.
+SERVE = next(
+    b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "onnxruntime" in b
+)
+FAST = ["--epochs", "1", "--factors", "4", "--layers", "8", "4", "--device", "cpu", "-q"]
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +194,167 @@ def test_missing_onnxruntime_names_the_extra(
     assert res.exit_code != 0
     assert "pip install 'ncfcli[export]'" in res.stderr and "onnxruntime" in res.stderr
     assert not out.exists()
+
+
+def _inputs(path: str | Path) -> list[str]:
+    return [i.name for i in ort.InferenceSession(str(path)).get_inputs()]
+
+
+def _triton_inputs(model_dir: Path) -> list[str]:
+    return re.findall(
+        r'name: "(\w+)" data_type: TYPE_INT64', (model_dir / "config.pbtxt").read_text()
+    )
+
+
+@pytest.mark.parametrize("order", [0, 4])
+@pytest.mark.parametrize("kind", ["mf", "gmf", "mlp", "neumf"])
+def test_every_kind_serves_on_user_and_item_as_recommend_scores(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, order: int
+) -> None:
+    """The README's serving snippet, as written, on each kind's export: the graph takes user and
+    item alone (an order term's previous item is looked up inside) and its logits are `ncf
+    recommend --exclude-seen`'s scores; the session model takes prev_item and equals PyTorch."""
+    run = tmp_path / "runs" / "synthetic"  # where the README's commands put it
+    res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--model", kind,
+                              "--order-factors", str(order), *FAST])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    repo = tmp_path / "repo"
+    res = runner.invoke(app, ["export", str(run), "--onnx", "--triton", str(repo), "--json",
+                              *(["--session"] if order else [])])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert _inputs(out["onnx"]) == out["inputs"] == ["user", "item"]
+    assert out["recommend_max_abs_diff"] <= 1e-4 and out["recommend_users"] == 32
+    assert _triton_inputs(repo / "ncf") == ["user", "item"]
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, Any] = {}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(SERVE, scope)
+    assert printed.getvalue().startswith("[") and len(scope["logits"]) == len(scope["items"])
+    served = dict(zip(scope["items"], scope["logits"].tolist(), strict=True))
+    rec = runner.invoke(app, ["recommend", str(run), "--user", "1", "-k", str(len(served)),
+                              "--exclude-seen", "--device", "cpu", "--json"])  # fmt: skip
+    assert rec.exit_code == 0, rec.output
+    listed = json.loads(rec.stdout)
+    assert len(listed["items"]) > len(served) // 2
+    diff = max(abs(served[i] - s) for i, s in zip(listed["items"], listed["scores"], strict=True))
+    assert diff <= 1e-4, diff
+
+    model = load_run(run).model
+    if not order:
+        assert (
+            out["session"] is None
+            and out["context"] is None
+            and not (repo / "ncf_session").exists()
+        )
+        return
+    # The built-in item is the user's latest, the one recommend --exclude-seen names as "after".
+    assert listed["after"] is not None and "latest" in out["context"]
+    session = Path(out["session"])
+    assert session == run / "export" / "model_session.onnx"
+    assert _inputs(session) == ["user", "item", "prev_item"]
+    assert _triton_inputs(repo / "ncf_session") == ["user", "item", "prev_item"]
+    assert (repo / "ncf_session" / "1" / "model.onnx").read_bytes() == session.read_bytes()
+    n_users, n_items = model.cfg.n_users, model.cfg.n_items
+    rng = np.random.default_rng(0)
+    users = rng.integers(0, n_users, 500, dtype=np.int64)
+    items = rng.integers(0, n_items, 500, dtype=np.int64)
+    prev = rng.integers(0, n_items + 1, 500, dtype=np.int64)  # n_items: no previous item
+    (got,) = ort.InferenceSession(str(session)).run(
+        ["logit"], {"user": users, "item": items, "prev_item": prev}
+    )
+    with torch.no_grad():
+        want = model(*(torch.from_numpy(a) for a in (users, items, prev))).numpy()
+    assert np.max(np.abs(got - want)) <= 1e-5
+    # Given the item recommend scored after, the session model serves the same scores.
+    user_ids, item_ids = load_id_maps(run / "export")
+    u = int(np.flatnonzero(user_ids == 1)[0])
+    after = int(np.flatnonzero(item_ids == listed["after"])[0])
+    every = np.arange(n_items, dtype=np.int64)
+    (logits,) = ort.InferenceSession(str(session)).run(
+        ["logit"], {"user": np.full_like(every, u), "item": every,
+                    "prev_item": np.full_like(every, after)}
+    )  # fmt: skip
+    assert np.max(np.abs(logits - scope["logits"])) <= 1e-5
+    meta = json.loads((run / "export" / "model.json").read_text())
+    assert set(meta["inputs"]) == {"user", "item"} and meta["session"]["model_file"] == session.name
+    assert meta["session"]["inputs"]["prev_item"]["range"] == [0, n_items]
+
+
+def test_session_needs_an_order_term(exported: dict, tmp_path: Path) -> None:
+    out = tmp_path / "new" / "m.onnx"
+    res = runner.invoke(
+        app, ["export", str(exported["run"]), "--onnx", "--session", "--out", str(out)]
+    )
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.output
+    assert "--session" in res.stderr and "no order term" in res.stderr
+    assert not out.parent.exists()
+
+
+def _snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder): equal means untouched."""
+    out: dict[str, bytes | None] = {}
+    for root, dirs, files in os.walk(folder):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(root, d), folder)] = None
+        for f in files:
+            out[os.path.relpath(os.path.join(root, f), folder)] = Path(root, f).read_bytes()
+    return out
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_folder_holding_the_users_files_is_refused(
+    exported: dict, tmp_path: Path, overwrite: list[str]
+) -> None:
+    """README, "Your files are safe": no export, no record dropped into a folder of the user's."""
+    mine = tmp_path / "models"
+    (mine / "notes").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("my only copy\n")
+    (mine / "notes" / "todo.txt").write_text("buy milk\n")
+    before = _snapshot(mine)
+    res = runner.invoke(app, ["export", str(exported["run"]), "--onnx", "--out",
+                              str(mine / "ncf.onnx"), *overwrite])  # fmt: skip
+    assert res.exit_code == 1 and res.stderr.count("\n") == 1, res.output
+    assert "ncf did not write" in res.stderr and str(mine) in res.stderr
+    assert _snapshot(mine) == before  # no model, no id maps, no .ncf-output.json
+
+
+def test_a_folder_of_another_ncf_output_is_refused(prepared_dir: Path, exported: dict) -> None:
+    before = _snapshot(prepared_dir)
+    res = runner.invoke(app, ["export", str(exported["run"]), "--onnx", "--out",
+                              str(prepared_dir / "model.onnx")])  # fmt: skip
+    assert res.exit_code == 1 and "holds a prepared dataset, not an ONNX export" in res.stderr
+    assert _snapshot(prepared_dir) == before
+
+
+def test_an_empty_folder_becomes_an_export_folder(exported: dict, tmp_path: Path) -> None:
+    folder = tmp_path / "serve"
+    folder.mkdir()
+    out = folder / "ncf.onnx"
+    args = ["export", str(exported["run"]), "--onnx", "--out", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    names = ["item_ids.parquet", "ncf.json", "ncf.onnx", "user_ids.parquet"]
+    assert sorted(p.name for p in folder.iterdir()) == [".ncf-output.json", *names]
+    assert json.loads((folder / ".ncf-output.json").read_text())["entries"] == names
+    again = runner.invoke(app, args)
+    assert again.exit_code == 1 and "add --overwrite" in again.stderr
+    res = runner.invoke(app, [*args, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    (folder / "mine.txt").write_text("the user's")  # now a folder of the user's too
+    res = runner.invoke(app, [*args, "--overwrite"])
+    assert res.exit_code == 1 and "'mine.txt'" in res.stderr and "ncf did not write" in res.stderr
+
+
+def test_a_failed_export_leaves_no_folder_behind(
+    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ncfcli.export
+
+    monkeypatch.setattr(ncfcli.export, "parity", lambda *a, **k: {1: 1.0})  # a disagreement
+    args = ["export", str(exported["run"]), "--onnx", "--out", str(tmp_path / "a" / "b" / "m.onnx"),
+            "--triton", str(tmp_path / "repo")]  # fmt: skip
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1 and "disagree" in res.stderr, res.output
+    assert list(tmp_path.iterdir()) == []

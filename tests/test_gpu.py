@@ -6,9 +6,10 @@ benchmarks/device_check.sh run them. They aim at the code a CPU cannot run: the 
 a real CSV file, prepare's dense rows on CuPy, CuPy's sampler settings (side stream, walk
 passes, no needle sort, small chunks), RMM when it is installed, --amp on CUDA for every model
 kind, peak GPU memory, and a mid-epoch resume with dropout on the CUDA generator. Integer
-arithmetic and sorting are the same on both backends by construction, so prepare and the
-epochs compare bytes; float training compares within tolerances (CUDA's scatter_add_ sums in
-a varying order).
+arithmetic and sorting are the same on both backends by construction, and every random number
+of prepare (the test and validation negatives, ncfcli/data/negatives.py) and of the epochs is
+a counter-based hash, never the backend's generator, so prepare and the epochs compare bytes;
+float training compares within tolerances (CUDA's scatter_add_ sums in a varying order).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def test_amp_train_eval_export_on_the_gpu(synthetic: Path, tmp_path: Path, kind:
     assert on_gpu.exit_code == 0 and on_cpu.exit_code == 0, on_gpu.output + on_cpu.output
     g, c = json.loads(on_gpu.stdout)["metrics"], json.loads(on_cpu.stdout)["metrics"]
     assert g["hr@10"] == pytest.approx(c["hr@10"], abs=0.01)
-    exported = ncf("export", run, "--onnx", "--out", tmp_path / "m.onnx", "--json")
+    exported = ncf("export", run, "--onnx", "--out", tmp_path / "export" / "m.onnx", "--json")
     assert exported.exit_code == 0, exported.output
     assert json.loads(exported.stdout)["max_abs_diff"] <= 1e-4
     rec = ncf("recommend", run, "--user", 1, "-k", 5, "--device", "cuda", "--json")

@@ -278,11 +278,22 @@ def runs(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     equal across ranks after every step)."""
     base = tmp_path_factory.mktemp("runs")
     out = {"one": base / "one", "two": base / "two"}
-    train_json(ncf("train", str(prepared_dir), "--out", str(out["one"]), "--epochs", str(EPOCHS), *TINY,
-                   "--device", "cpu", "--json", "-q"))  # fmt: skip
-    train_json(ncf("train", str(prepared_dir), "--out", str(out["two"]), "--epochs", str(EPOCHS), *TINY,
-                   "--nproc", "2", "--json", "-q", check_sync=True))  # fmt: skip
+    one = train_json(ncf("train", str(prepared_dir), "--out", str(out["one"]), "--epochs", str(EPOCHS), *TINY,
+                         "--device", "cpu", "--json", "-q"))  # fmt: skip
+    two = train_json(ncf("train", str(prepared_dir), "--out", str(out["two"]), "--epochs", str(EPOCHS), *TINY,
+                         "--nproc", "2", "--json", "-q", check_sync=True))  # fmt: skip
+    # what `--json` printed, kept beside each run (RESULT) for the tests that read it
+    for name, result in (("one", one), ("two", two)):
+        (base / f"{name}{RESULT}").write_text(json.dumps(result))
     return out
+
+
+RESULT = ".result.json"
+
+
+def printed(run: Path) -> dict:
+    """What `ncf train --json` printed for one of the `runs`."""
+    return json.loads(run.with_name(run.name + RESULT).read_text())
 
 
 def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
@@ -295,6 +306,47 @@ def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
         assert abs(two["hr@10"] - one["hr@10"]) <= 0.01, (split, one, two)
         assert abs(two["ndcg@10"] - one["ndcg@10"]) <= 0.01, (split, one, two)
     assert last_two["loss"] == pytest.approx(last_one["loss"], rel=1e-3)
+
+
+def test_two_workers_keep_the_optimizer_state_of_one_process(runs: dict[str, Path]) -> None:
+    """Adam's first moment is a running mean of the gradients themselves, so it sees their
+    scale, which Adam's steps do not (m / sqrt(v) cancels it): gradients averaged over the
+    ranks twice (halved at 2 workers) still train, but leave exp_avg at half of one process's.
+    Strong scaling, the same global batch: the states agree up to float summation order."""
+    import torch
+
+    states = {name: torch.load(runs[name] / "checkpoints" / "last.pt", weights_only=True)
+              for name in ("one", "two")}  # fmt: skip
+    one, two = (states[n]["optimizer"]["state"] for n in ("one", "two"))
+    assert one.keys() == two.keys() and one
+    for k in one:
+        assert float(one[k]["step"]) == float(two[k]["step"]) > 0, k
+        for moment in ("exp_avg", "exp_avg_sq"):
+            a, b = one[k][moment].double(), two[k][moment].double()
+            assert a.norm() > 0, (k, moment)
+            assert (b - a).norm() <= 1e-3 * a.norm(), (k, moment, float(b.norm() / a.norm()))
+
+
+def test_samples_per_second_counts_every_rank(runs: dict[str, Path], prepared_dir: Path) -> None:
+    """samples/s x seconds = the samples all ranks trained: per epoch (metrics.jsonl) and for
+    the run (`--json`). With W ranks of a batch b, an epoch's N samples are trained but for
+    the (tail % W) last of the tail that does not fill a global step (data/batches.py)."""
+    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
+    for name, world in (("one", 1), ("two", 2)):
+        cfg = json.loads((runs[name] / "config.json").read_text())
+        assert cfg["world_size"] == world
+        total = n_train * (1 + cfg["train"]["neg_per_pos"])
+        b = cfg["train"]["batch_size"] // world  # strong scaling: the per-rank batch
+        trained = total - (total % (b * world)) % world
+        rows = history(runs[name])
+        for row in rows:
+            assert row["samples_per_second"] * row["train_seconds"] == pytest.approx(
+                trained, rel=1e-9
+            ), (name, row["epoch"])
+        seconds = sum(row["train_seconds"] for row in rows)
+        assert printed(runs[name])["samples_per_second"] * seconds == pytest.approx(
+            EPOCHS * trained, rel=1e-9
+        ), name
 
 
 def test_two_workers_in_micro_batches_match_one_process(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -124,3 +125,37 @@ def test_small_data_halves_the_default_batch_until_an_epoch_has_enough_steps() -
     saved = {**size_defaults(13_388), "batch_size": 1 << 14}
     assert resolve(TrainConfig(data_dir="d"), 13_388, 1, saved).batch_size == 1 << 14
     assert resolve(TrainConfig(data_dir="d"), 300_000, 1, None).batch_size == 1 << 16
+
+
+def test_warmup_ramps_the_lr_from_its_first_step(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--warmup-epochs 1`: step k (0-based) of the run trains at lr x min(1, (k + 1) / n), n the
+    steps of an epoch, so the first step already moves the weights (lr / n, not 0) and the
+    ramp ends at the full lr on the last step of epoch 1; metrics.jsonl's rows carry each
+    epoch's first and last lr."""
+    from ncfcli import train as train_mod
+
+    trace: list[float] = []
+    real_step = train_mod._CpuAdam.step
+
+    def record(self: Any) -> None:
+        trace.append(self.param_groups[0]["lr"])
+        real_step(self)
+
+    monkeypatch.setattr(train_mod._CpuAdam, "step", record)
+    lr, batch, neg = 0.01, 4096, 4
+    run = tmp_path / "warm"
+    args = ["train", str(prepared_dir), "--out", str(run), "--device", "cpu", "--epochs", "2",
+            "--batch-size", str(batch), "--neg-per-pos", str(neg), "--lr", str(lr),
+            "--warmup-epochs", "1", "--factors", "4", "--layers", "8", "4", "-q"]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
+    n = -(-n_train * (1 + neg) // batch)  # steps an epoch
+    assert n >= 2 and len(trace) == 2 * n
+    assert trace[0] == lr / n > 0
+    assert trace == [lr * min(1.0, (k + 1) / n) for k in range(2 * n)]
+    assert trace[n - 1] == trace[n] == trace[-1] == lr
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["lr"], r["lr_end"]) for r in rows] == [(trace[0], trace[n - 1]), (lr, lr)]

@@ -275,32 +275,43 @@ def test_recommend_scores_after_the_latest_item_it_lists_after(order_run: Path, 
         assert str(listed["after"]) == str(item_ids[prev])  # the context, for a served model
 
 
-def test_export_takes_the_previous_item_as_a_third_input(order_run: Path, tmp_path: Path) -> None:
+def test_export_looks_up_the_latest_item_and_its_session_model_takes_it(
+    order_run: Path, eras: Path, tmp_path: Path
+) -> None:
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     out = tmp_path / "m.onnx"
-    r = ncf("export", order_run, "--onnx", "--out", out, "--triton", tmp_path / "repo", "--json")
+    r = ncf("export", order_run, "--onnx", "--out", out, "--triton", tmp_path / "repo",
+            "--session", "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["max_abs_diff"] <= 1e-4
-    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    assert [i.name for i in sess.get_inputs()] == ["user", "item", "prev_item"]
     model = load_run(order_run, "cpu").model.eval()
     n_items = model.cfg.n_items
     users = np.array([0, 5, 9], dtype=np.int64)
     items = np.array([1, 2, n_items - 1], dtype=np.int64)
+    # The served graph: user and item alone, after each user's latest item (the test item).
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["user", "item"]
+    latest = load_prepared(eras, CPU).test_items.astype(np.int64)[users]
+    got = sess.run(["logit"], {"user": users, "item": items})[0]
+    with torch.no_grad():
+        want = model(*(torch.from_numpy(a) for a in (users, items, latest))).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # The session model: the previous item is the third input.
+    session = tmp_path / "m_session.onnx"
+    sess = ort.InferenceSession(str(session), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()] == ["user", "item", "prev_item"]
     prev = np.array([n_items, 3, 0], dtype=np.int64)  # n_items: no previous item
     got = sess.run(["logit"], {"user": users, "item": items, "prev_item": prev})[0]
     with torch.no_grad():
         want = model(*(torch.from_numpy(a) for a in (users, items, prev))).numpy()
     np.testing.assert_allclose(got, want, atol=1e-5)
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert meta["inputs"]["prev_item"]["range"] == [0, n_items]
-    config = (tmp_path / "repo" / "ncf" / "config.pbtxt").read_text()
-    assert re.findall(r'name: "(\w+)" data_type: TYPE_INT64', config) == [
-        "user",
-        "item",
-        "prev_item",
-    ]
+    assert set(meta["inputs"]) == {"user", "item"}
+    assert meta["session"]["inputs"]["prev_item"]["range"] == [0, n_items]
+    for name, inputs in (("ncf", ["user", "item"]), ("ncf_session", ["user", "item", "prev_item"])):
+        config = (tmp_path / "repo" / name / "config.pbtxt").read_text()
+        assert re.findall(r'name: "(\w+)" data_type: TYPE_INT64', config) == inputs
 
 
 def test_amp_trains_the_term_on_the_cpu(eras: Path, tmp_path: Path) -> None:

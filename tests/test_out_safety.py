@@ -204,19 +204,21 @@ def test_train_replaces_its_own_run_only_with_overwrite(data: Path, tmp_path: Pa
 
 
 def test_export_replaces_its_own_files_only_with_overwrite(run: Path, tmp_path: Path) -> None:
+    theirs = users_folder(tmp_path / "mine")  # a folder of the user's files: refused, untouched
+    before = snapshot(theirs)
+    assert "which ncf did not write" in one_error_line(
+        ncf("export", run, "--onnx", "--out", theirs / "ncf.onnx")
+    )
+    assert snapshot(theirs) == before
     out = tmp_path / "models" / "ncf.onnx"
-    users_folder(out.parent)  # the user's own files beside the model are fine: never touched
     first = ncf("export", run, "--onnx", "--out", out, "--json")
     assert first.exit_code == 0, first.output
-    mine = {k: v for k, v in snapshot(out.parent).items() if k in ("thesis.tex", "notes/todo.txt")}
     before = snapshot(out.parent)
     again = ncf("export", run, "--onnx", "--out", out)
     assert "add --overwrite" in one_error_line(again)
     assert snapshot(out.parent) == before
     res = ncf("export", run, "--onnx", "--out", out, "--overwrite", "--json")
     assert res.exit_code == 0, res.output
-    after = snapshot(out.parent)
-    assert {k: after[k] for k in mine} == mine
 
 
 def test_the_single_file_helper(tmp_path: Path) -> None:
@@ -236,3 +238,15 @@ def test_the_single_file_helper(tmp_path: Path) -> None:
     assert check_out_file(mine, overwrite=True) is True
     with pytest.raises(NcfError, match="ncf did not write it"):  # the record names only its own
         check_out_file(recs, overwrite=True)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o755), (0o077, 0o700)])
+def test_created_folders_follow_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    """A dataset (written under a temporary name, then renamed) gets a plain mkdir's mode."""
+    old = os.umask(umask)
+    try:
+        res = ncf("prepare", "synthetic", *TINY, "--out", tmp_path / "d", "--device", "cpu", "-q")
+    finally:
+        os.umask(old)
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "d").stat().st_mode & 0o777 == mode

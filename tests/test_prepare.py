@@ -529,3 +529,49 @@ def test_split_random_ignores_an_existing_time_column(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     meta = read_meta(out)
     assert meta["split"] == "random" and "time" not in meta["source"]["columns"]
+
+
+# ---- the negatives: counter-based, per user -----------------------------------------------------
+
+
+def _positives(
+    n_users: int, n_items: int, seed: int
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Users with 1 to n_items - 12 items: many candidates (redrawn repeats) down to 12 (priorities
+    at 4 x 6 negatives)."""
+    gen = np.random.default_rng(seed)
+    positives = [np.sort(gen.choice(n_items, size=k, replace=False))
+                 for k in gen.integers(1, n_items - 11, size=n_users)]  # fmt: skip
+    users = np.concatenate([np.full(len(p), u, np.int32) for u, p in enumerate(positives)])
+    return positives, users, np.concatenate(positives).astype(np.int32)
+
+
+def test_a_users_negatives_do_not_depend_on_the_other_users_nor_their_order() -> None:
+    """The same rows for a user drawn with everyone, in a shuffled subset, or in a bucket that
+    holds only its users' positives (as a worker of a cluster would): never a positive, never
+    a repeat, sorted."""
+    from ncfcli.data import negatives
+
+    n_items, n_neg = 60, 6
+    positives, users, items = _positives(400, n_items, 8)
+    whole = negatives.draw(np.arange(400), users, items, n_items, n_neg, 2, negatives.TEST_STREAM,
+                           np)  # fmt: skip
+    for u, row in enumerate(whole):
+        assert len(set(row.tolist())) == n_neg and (np.diff(row) > 0).all(), u
+        assert not set(row.tolist()) & set(positives[u].tolist()), u
+        assert row.min() >= 0 and row.max() < n_items
+    subset = np.random.default_rng(1).permutation(400)[:90]
+    np.testing.assert_array_equal(
+        negatives.draw(subset, users, items, n_items, n_neg, 2, negatives.TEST_STREAM, np),
+        whole[subset],
+    )
+    bucket = np.isin(users, subset)
+    np.testing.assert_array_equal(
+        negatives.draw(subset[::-1], users[bucket], items[bucket], n_items, n_neg, 2,
+                       negatives.TEST_STREAM, np), whole[subset[::-1]])  # fmt: skip
+    other = negatives.draw(np.arange(400), users, items, n_items, n_neg, 2,
+                           negatives.VALID_STREAM, np)  # fmt: skip
+    assert (other != whole).any(axis=1).mean() > 0.9  # validation draws from its own stream
+    reseeded = negatives.draw(np.arange(400), users, items, n_items, n_neg, 3,
+                              negatives.TEST_STREAM, np)  # fmt: skip
+    assert (reseeded != whole).any(axis=1).mean() > 0.9

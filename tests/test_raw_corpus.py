@@ -141,6 +141,16 @@ def build_corpus(base: Path) -> dict[str, tuple[Path, list[str], tuple[list, lis
         crlf = text_file(f / "crlf.csv", ml, ",", strings, lambda t, k: epoch(t))
         crlf.write_bytes(crlf.read_bytes().replace(b"\n", b"\r\n"))
         c[f"{s}-ml-header-crlf"] = (crlf, [], want)
+        # Excel's "CSV UTF-8": a byte-order mark before the header, CRLF line ends; and a
+        # byte-order mark before a headerless file's first id.
+        excel = text_file(f / "excel.csv", "UserID,ItemID,Rating,Timestamp", ",", strings,
+                          lambda t, k: epoch(t))  # fmt: skip
+        excel.write_bytes(b"\xef\xbb\xbf" + excel.read_bytes().replace(b"\n", b"\r\n"))
+        c[f"{s}-excel-bom-header"] = (excel, [], want)
+        bare = text_file(f / "bare.csv", None, ",", strings, lambda t, k: epoch(t))
+        bare.write_bytes(b"\xef\xbb\xbf" + bare.read_bytes())
+        c[f"{s}-bom-no-header"] = (bare, [] if not strings else ["--user-col", "0",
+                                   "--item-col", "1", "--time-col", "3"], want)  # fmt: skip
         floats = pa.array([float(seconds(e[2])) for e in EVENTS])
         stamps = pa.array([millis(e[2]) for e in EVENTS], pa.timestamp("ms", tz="UTC"))
         c[f"{s}-parquet-float-time"] = (parquet_file(f / "a.parquet", strings, floats), [], want)

@@ -70,6 +70,26 @@ def test_the_quickstart_line_runs(tmp_path: Path) -> None:
     saved = json.loads((run / "eval.json").read_text())["results"]
     assert {(r["protocol"], r["k"]) for r in saved} >= {("full ranking", 10)}
     assert "user 1: top 10" in outputs[-1]
+    # The README's serving snippet on that export, as written: onnxruntime on user and item
+    # alone gives `ncf recommend --exclude-seen`'s scores (the default run has the order term
+    # or not, as the defaults decide for this data; tests/test_export.py runs every kind).
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S)
+                   if "onnxruntime" in b)  # fmt: skip
+    code = snippet + "print(json.dumps([items, logits.tolist()]))\n"
+    served = subprocess.run([sys.executable, "-c", "import json\n" + code], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert served.returncode == 0, served.stderr
+    top, both = served.stdout.splitlines()[-2:]
+    items, logits = json.loads(both)
+    assert len(json.loads(top.replace("'", '"'))) == 10
+    rec = subprocess.run(["ncf", "recommend", "runs/synthetic", "--user", "1", "-k", "300",
+                          "--exclude-seen", "--json"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert rec.returncode == 0, rec.stderr
+    listed = json.loads(rec.stdout)
+    score = dict(zip(items, logits, strict=True))
+    assert listed["items"] and max(abs(score[i] - s) for i, s in
+                                   zip(listed["items"], listed["scores"], strict=True)) <= 1e-4  # fmt: skip
 
 
 def test_the_test_command_is_what_ci_runs() -> None:
@@ -106,8 +126,8 @@ def test_examples_quickstart_runs(tmp_path: Path) -> None:
     assert [int(r) for r, _, _ in served] == [1, 2, 3, 4, 5]
     logits = [float(x) for _, _, x in served]
     assert logits == sorted(logits, reverse=True)
-    # Served after the item `recommend` names ("after"), the ONNX model scores user 1's listed
-    # items as `recommend` does (the served list may also hold items the user trained on).
+    # On user and item alone, the ONNX model scores user 1's listed items as `recommend
+    # --exclude-seen` does (the served list may also hold items the user already has).
     listed = dict(zip(recs[0]["items"], recs[0]["scores"], strict=True))
     common = [(float(x), listed[int(i)]) for _, i, x in served if int(i) in listed]
     assert common and all(abs(a - b) < 1e-4 for a, b in common)

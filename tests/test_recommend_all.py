@@ -108,9 +108,22 @@ def test_out_is_never_overwritten_unasked(run_dir: Path, tmp_path: Path) -> None
     )
     assert res.exit_code == 0, res.output
     assert pq.read_table(out).num_rows == 3 * 300
-    # no temporary file left behind; ncf's record beside it lists what it wrote
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".ncf-output.json", "mine.parquet",
-                                                          "recs.parquet"]  # fmt: skip
+    # Nothing but the file asked for: no temporary file, no record in the user's folder (the
+    # table itself says ncf wrote it), and a CSV is recognised as ncf's the same way.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.parquet", "recs.parquet"]
+    csv = tmp_path / "recs.csv"
+    for extra, code in (([], 0), ([], 1), (["--overwrite"], 0)):
+        res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(csv), "-q",
+                                  *extra])  # fmt: skip
+        assert res.exit_code == code, res.output
+    theirs = tmp_path / "theirs.csv"
+    theirs.write_text("user,rank,item,score\n1,1,2,0.5\n")  # the same columns, not ncf's file
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(theirs),
+                              "--overwrite"])  # fmt: skip
+    assert res.exit_code == 1 and "ncf did not write it" in res.stderr
+    assert theirs.read_text() == "user,rank,item,score\n1,1,2,0.5\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.parquet", "recs.csv",
+                                                          "recs.parquet", "theirs.csv"]  # fmt: skip
 
 
 def test_csv_and_usage_errors(run_dir: Path, tmp_path: Path) -> None:
@@ -121,7 +134,8 @@ def test_csv_and_usage_errors(run_dir: Path, tmp_path: Path) -> None:
     for args, message in [
         (["--all-users"], "--all-users needs --out FILE"),
         (["--all-users", "--out", str(tmp_path / "x.txt")], "use a .parquet or .csv"),
-        (["--all-users", "-u", "1", "--out", str(tmp_path / "y.csv")], "takes no --user"),
+        (["--all-users", "-u", "1", "--out", str(tmp_path / "y.csv")], "takes no -u or"),
+        (["--all-users", "--user", "1", "--out", str(tmp_path / "y.csv")], "takes no --user"),
     ]:
         res = runner.invoke(app, ["recommend", str(run_dir), *args])
         assert res.exit_code != 0 and message in res.stderr, res.output

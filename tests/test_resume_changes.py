@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
+from ncfcli.train import FIXED_ON_RESUME
 
 runner = CliRunner()
 LR = 0.01
@@ -134,29 +135,46 @@ def test_the_history_grows_with_each_resume(base: Path, prepared_dir: Path, tmp_
     assert [r["lr"] for r in rows(run)] == [LR, 0.05, 0.05]  # the new lr stays
 
 
-REFUSED = [
-    (["--seed", 9], "--seed"),
-    (["--neg-per-pos", 3], "--neg-per-pos"),
-    (["--batch-size", 1024], "--batch-size"),
-    (["--factors", 16], "--factors"),
-    (["--layers", 32, 16], "--layers"),
-    (["--dropout", 0.1], "--dropout"),
-    (["--model", "gmf"], "--model"),
-    (["--scaling", "weak"], "--scaling"),
-    (["--amp"], "--amp"),
-    (["--amp-dtype", "fp16"], "--amp-dtype"),
-    (["--approx-negatives"], "--approx-negatives"),
-]
+# A value for every option FIXED_ON_RESUME lists (the base run has another): the test below
+# runs over the code's own list, so a new fixed option without a value here fails, and an
+# option dropped from the list (resumed silently with the new value) fails too.
+RUN = object()  # stands for the base run's directory: the refusal comes before it is read
+CHANGED_ON_RESUME: dict[str, list[Any]] = {
+    "model": ["--model", "gmf"],
+    "factors": ["--factors", 16],
+    "layers": ["--layers", 32, 16],
+    "dropout": ["--dropout", 0.1],
+    "order_factors": ["--order-factors", 4],
+    "neg_per_pos": ["--neg-per-pos", 3],
+    "approx_negatives": ["--approx-negatives"],
+    "seed": ["--seed", 9],
+    "batch_size": ["--batch-size", 1024],
+    "scaling": ["--scaling", "weak"],
+    "amp": ["--amp"],
+    "amp_dtype": ["--amp-dtype", "fp16"],
+    "pretrained_gmf": ["--pretrained-gmf", RUN],
+    "pretrained_mlp": ["--pretrained-mlp", RUN],
+    "refit": ["--refit", RUN],
+}
 
 
-@pytest.mark.parametrize(("flags", "flag"), REFUSED, ids=[r[1] for r in REFUSED])
+FIXED_KEYS = sorted(set(FIXED_ON_RESUME) | set(CHANGED_ON_RESUME))
+
+
+@pytest.mark.parametrize("option", FIXED_KEYS)
 def test_a_fixed_option_is_refused_and_the_run_untouched(
-    base: Path, prepared_dir: Path, tmp_path: Path, flags: list[Any], flag: str
+    base: Path, prepared_dir: Path, tmp_path: Path, option: str
 ) -> None:
+    if option not in CHANGED_ON_RESUME:
+        pytest.fail(f"FIXED_ON_RESUME has {option}: add a value to change it to in this test")
+    flags = [base if f is RUN else f for f in CHANGED_ON_RESUME[option]]
+    flag = "--" + option.replace("_", "-")
+    assert flags[0] == flag
     before = {p.name: p.read_bytes() for p in base.rglob("*") if p.is_file()}
     run, res = resume(base, prepared_dir, tmp_path, "--epochs", 2, *flags)
-    assert res.exit_code != 0
+    assert res.exit_code != 0, f"--resume took a changed {flag}: {option} must stay fixed"
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: {flag} "), res.output
+    assert "differs from the run being resumed" in lines[0]
     assert "cannot change on --resume" in lines[0]
     assert {p.name: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

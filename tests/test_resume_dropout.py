@@ -8,6 +8,7 @@ GPU's generator as on the CPU's, with no generator state in the checkpoint.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,15 @@ from ncfcli import train as train_mod
 from ncfcli.checkpoint import load_checkpoint
 from tests.test_train import SMALL, ctrl_c_in_epoch_2, ncf, scores
 
-DROPOUT = [*SMALL[: SMALL.index("--dropout")], "--dropout", "0.3",
-           *SMALL[SMALL.index("--dropout") + 2 :], "--epochs", "3", "-q"]  # fmt: skip
+
+def neumf(dropout: str) -> list[str]:
+    """SMALL's recipe as a NeuMF (MLP layers 16 -> 8, dropout after each) with this --dropout:
+    MF has no dropout, so a resume test on MF checks nothing (issue 19's mutation audit)."""
+    at = SMALL.index("--dropout")
+    return [*SMALL[:at], "--dropout", dropout, *SMALL[at + 2 :], "--model", "neumf", "-q"]
+
+
+DROPOUT = [*neumf("0.3"), "--epochs", "2"]
 
 
 def test_dropout_run_stopped_mid_epoch_resumes_exactly(
@@ -26,6 +34,7 @@ def test_dropout_run_stopped_mid_epoch_resumes_exactly(
 ) -> None:
     whole = ncf("train", prepared_dir, "--out", tmp_path / "whole", *DROPOUT)
     assert whole.exit_code == 0, whole.output
+    assert json.loads((tmp_path / "whole" / "config.json").read_text())["model"]["dropout"] == 0.3
     real = ctrl_c_in_epoch_2(prepared_dir, 4, monkeypatch)
     part = ncf("train", prepared_dir, "--out", tmp_path / "part", *DROPOUT)
     assert part.exit_code == 130, part.output
@@ -43,6 +52,14 @@ def test_dropout_run_stopped_mid_epoch_resumes_exactly(
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_dropout_changes_neumf_training(prepared_dir: Path, tmp_path: Path) -> None:
+    """The test above can fail: with --dropout 0 the same NeuMF run trains other weights."""
+    for name, dropout in (("plain", "0"), ("drop", "0.3")):
+        res = ncf("train", prepared_dir, "--out", tmp_path / name, *neumf(dropout), "--epochs", "1")
+        assert res.exit_code == 0, res.output
+    assert scores(tmp_path / "plain")[0][0] != scores(tmp_path / "drop")[0][0]
 
 
 def test_dropout_masks_are_a_function_of_the_step() -> None:

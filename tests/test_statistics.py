@@ -1,9 +1,14 @@
 """Figures that can only be checked by counting: `pytest tests/test_statistics.py`.
 
 - Test negatives are uniform over each user's candidates (the items the user never interacted
-  with): a seeded chi-square test over candidate positions, on both drawing paths of
-  ncfcli/data/prepare.py (redrawn repeats for users with many candidates, random priorities
-  for users with few). Drawing only from the lower half of the candidates fails it.
+  with), on both drawing paths of ncfcli/data/negatives.py (redrawn repeats for users with many
+  candidates, priorities for users with few): a seeded chi-square test over candidate
+  positions, and a binomial bound on every single position. A user includes a given candidate
+  with probability n_neg / a_u, independently of other users, so a position's count over U
+  users is Binomial(U, n_neg / a_u); each must lie within 5 standard deviations of its mean
+  (p < 6e-7 a position). The chi-square alone misses one bad cell among many (the last candidate
+  drawn almost never adds about one cell's expectation to a statistic with 26 degrees of
+  freedom); the per-position bound does not.
 - The samples/s that `ncf train` reports is the samples it trained (n_pos * (1 + neg_per_pos)
   per epoch) over the seconds it measured, read from a fake clock.
 """
@@ -21,6 +26,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
+from ncfcli.data import negatives
 from ncfcli.data.dataset import load_id_maps, load_prepared
 
 runner = CliRunner()
@@ -28,6 +34,19 @@ N_ITEMS = 30
 N_NEG = 5
 # chi-square critical values at p = 1e-4 (scipy.stats.chi2.isf(1e-4, df)), for 27 and 15 cells
 CHI2_CRIT = {26: 61.66, 14: 42.58}
+Z = 5.0  # per-position bound, in binomial standard deviations
+
+
+def _check_cells(counts: np.ndarray, n_users: int, n_neg: int, label: object) -> None:
+    """Every position's count within Z binomial standard deviations of n_users * n_neg / a."""
+    p = n_neg / len(counts)
+    mean, sd = n_users * p, (n_users * p * (1 - p)) ** 0.5
+    off = np.abs(counts - mean) / sd
+    worst = int(np.argmax(off))
+    assert off[worst] < Z, (
+        f"{label}: candidate {worst} of {len(counts)} drawn {int(counts[worst])} times, expected "
+        f"{mean:.0f} +- {sd:.0f}; counts {counts.tolist()}"
+    )
 
 
 def _interactions(path: Path) -> dict[int, set[int]]:
@@ -69,9 +88,24 @@ def test_test_negatives_are_uniform_over_each_users_candidates(tmp_path: Path) -
         expected = c.sum() / n_cand
         chi2 = float(((c - expected) ** 2 / expected).sum())
         assert chi2 < CHI2_CRIT[n_cand - 1], (n_cand, chi2, c.tolist())
+        _check_cells(c, 300, N_NEG, n_cand)
         # and the upper half of the candidates gets its share (a coarse, readable check)
         upper = c[n_cand // 2 + n_cand % 2 :].sum() / c.sum()
         assert 0.4 < upper < 0.6, (n_cand, upper)
+
+
+@pytest.mark.parametrize(("avail", "n_neg"), [(27, 5), (15, 5), (1000, 3), (64, 16)])
+def test_every_candidate_position_gets_its_share(avail: int, n_neg: int) -> None:
+    """20,000 users with `avail` candidates each, straight through the sampler: the redrawn-
+    repeats path (27 >= 4 x 5; 1,000 candidates, where repeats are rare; 64 = 4 x 16, the
+    smallest sparse row, where they are common) and the priority path (15 < 4 x 5)."""
+    n_users = 20_000
+    idx = negatives.draw_indices(np.arange(n_users) * 7 + 3, np.full(n_users, avail), n_neg,
+                                 negatives.stream_key(11, negatives.TEST_STREAM), np)  # fmt: skip
+    assert idx.shape == (n_users, n_neg) and idx.min() >= 0 and idx.max() < avail
+    assert (np.diff(idx, axis=1) > 0).all()  # sorted, no repeats
+    counts = np.bincount(idx.ravel(), minlength=avail)
+    _check_cells(counts.astype(float), n_users, n_neg, (avail, n_neg))
 
 
 def test_samples_per_second_counts_the_samples_trained(

@@ -406,3 +406,36 @@ def test_a_neumf_starts_from_pretrained_gmf_and_mlp_runs(
     assert r.exit_code != 0 and "--pretrained-gmf" in one_error_line(r)
     r = ncf("train", prepared_dir, "--out", both, "--resume", "--epochs", 2, "-q")
     assert r.exit_code == 0, r.output
+
+
+def test_validation_chooses_the_epoch_where_test_would_choose_another(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hand-set figures per epoch: validation is best at epoch 2 (HR tied with epoch 3, NDCG
+    higher), test at epoch 3. The run must pick epoch 2 and report epoch 2's test figures."""
+    import numpy as np
+
+    figures = {  # epoch: {split: (hr@10, ndcg@10)}
+        1: {"validation": (0.2, 0.10), "test": (0.2, 0.10)},
+        2: {"validation": (0.5, 0.30), "test": (0.3, 0.15)},
+        3: {"validation": (0.5, 0.25), "test": (0.6, 0.40)},
+    }
+    test_items = np.load(prepared_dir / "test_items.npy")
+    calls: list[str] = []
+
+    def evaluate(model: Any, eval_set: tuple[Any, ...], env: Any, max_rows: int) -> dict:
+        split = "test" if np.array_equal(eval_set[1].numpy(), test_items) else "validation"
+        calls.append(split)
+        hr, ndcg = figures[calls.count(split)][split]  # this split's n-th call: epoch n
+        return {"hr@10": hr, "ndcg@10": ndcg}
+
+    monkeypatch.setattr(train_mod, "_evaluate", evaluate)
+    run = tmp_path / "chosen"
+    result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "--json")
+    assert result.exit_code == 0, result.output
+    assert sorted(calls) == ["test"] * 3 + ["validation"] * 3
+    out = json.loads(result.stdout)
+    assert (out["best_epoch"], out["selected_by"]) == (2, "validation")
+    assert out["validation"] == {"hr@10": 0.5, "ndcg@10": 0.30}
+    assert out["metrics"] == {"hr@10": 0.3, "ndcg@10": 0.15}  # epoch 2's test, not the best test
+    assert load_checkpoint(run / "best.pt")["epoch"] == 2

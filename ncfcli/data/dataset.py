@@ -255,10 +255,15 @@ def fingerprint(meta: dict[str, Any]) -> str:
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """meta.json of a prepared dataset, checked for existence and format version."""
     path = Path(path)
+    if path.is_file():
+        raise NcfError(f"{path} is a file, not a prepared dataset; prepare it first: "
+                       f"ncf prepare {path}")  # fmt: skip
     if not path.is_dir():
         raise NcfError(f"dataset directory {path} does not exist (create it with `ncf prepare`)")
     meta_path = path / META
     if not meta_path.is_file():
+        if (path / "config.json").is_file():
+            raise NcfError(f"{path} is a training run, not a prepared dataset ({META} is missing)")
         raise NcfError(f"{path} is not a prepared dataset: {META} is missing")
     try:
         meta = json.loads(meta_path.read_text())

@@ -29,17 +29,11 @@ users or rows:
    loses the validation items. Every other positive is training data, sorted by (user, item).
 7. `--eval-negatives N` test negatives per user, uniform without replacement over the items
    the user never interacted with (the held-out items are positives, so they are never a
-   negative and evaluation needs no duplicate mask); then, from the same generator, N
-   validation negatives per user with a validation item, drawn the same way. Each row is
-   sorted by item id.
-
-How the negatives are drawn exactly: user u has a_u = n_items - |positives of u| candidates.
-The k-th candidate (0-based) is k plus the number of positives p_j (sorted, j-th) with
-p_j - j <= k, found with one searchsorted over all users at once. So it suffices to draw N
-distinct indices below a_u per user: N uniform draws, sort each row, redraw the repeats, and
-again until none remain. Redrawing only repeats keeps every N-subset equally likely (the
-procedure treats all candidates alike). Users with a_u < 4N (where repeats would dominate)
-take the N smallest of a_u random priorities instead.
+   negative and evaluation needs no duplicate mask); then N validation negatives per user with
+   a validation item, drawn the same way from an independent stream. Each row is sorted by item
+   id. The draws are counter-based (ncfcli/data/negatives.py): a user's negatives depend on
+   the seed, the user and the user's positives alone, never on the backend, so NumPy and CuPy
+   write the same bytes.
 
 Ties, dedup and the split cost one sort: (user, item) key and timestamp packed into one int64
 when they fit in 63 bits, which sorts and deduplicates in the same pass.
@@ -58,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
+from ncfcli.data import negatives
 from ncfcli.data.xops import group_max, host_int, to_host, unique_inverse
 from ncfcli.errors import NcfError
 
@@ -73,13 +68,15 @@ SPLIT_RULES = {
     "random": "leave-one-out at random: a seeded hash of (user, item, seed) picks the test "
     "item, uniformly among the user's items",
 }
+NEGATIVES_RULE = (
+    "uniform without replacement over items the user never interacted with; counter-based "
+    "draws keyed by (seed, stream, user): the same on every backend"
+)
 MIN_FOR_VALIDATION = 3  # test + validation + at least one training item
 VALIDATION_RULE = (
     f"the split's rule applied again to the rest picks the validation item, for users with "
     f"at least {MIN_FOR_VALIDATION} items; the others have none"
 )
-_DENSE_FACTOR = 4  # users with fewer than 4N candidates use exact priorities
-_MAX_REDRAW_ROUNDS = 64
 
 
 @dataclass(frozen=True)
@@ -386,78 +383,6 @@ def _train_age(users: Any, stamps: Any, n_users: int, xp: Any) -> Any:
     return age
 
 
-def _draw_indices(avail: Any, n_neg: int, rng: Any, xp: Any) -> Any:
-    """[len(avail), n_neg] int64: per row, n_neg distinct values below avail[row], sorted."""
-    n_rows = len(avail)
-    out = xp.empty((n_rows, n_neg), dtype=xp.int64)
-    dense = avail < _DENSE_FACTOR * n_neg
-    sparse_rows = xp.nonzero(~dense)[0]
-    if len(sparse_rows):
-        a = avail[sparse_rows][:, None]
-        draws = xp.floor(rng.random((len(sparse_rows), n_neg)) * a).astype(xp.int64)
-        draws.sort(axis=1)
-        pending = xp.arange(len(sparse_rows))
-        for _ in range(_MAX_REDRAW_ROUNDS):
-            sub = draws[pending]
-            repeat = sub[:, 1:] == sub[:, :-1]
-            has = repeat.any(axis=1)
-            pending, sub, repeat = pending[has], sub[has], repeat[has]
-            if len(pending) == 0:
-                break
-            # Only the repeats are redrawn; their previous values are still in the row.
-            row_avail = xp.broadcast_to(avail[sparse_rows][pending][:, None], repeat.shape)
-            tail = sub[:, 1:]
-            tail[repeat] = xp.floor(
-                rng.random(host_int(repeat.sum(), xp)) * row_avail[repeat]
-            ).astype(xp.int64)
-            sub.sort(axis=1)
-            draws[pending] = sub
-        else:
-            dense[sparse_rows[pending]] = True  # practically never: fall back to exact
-        out[sparse_rows] = draws
-    dense_rows = xp.nonzero(dense)[0]
-    if len(dense_rows):
-        width = host_int(avail[dense_rows].max(), xp)
-        block = max(1, (1 << 24) // max(width, 1))
-        for lo in range(0, len(dense_rows), block):  # bounded memory, not a loop per user
-            rows = dense_rows[lo : lo + block]
-            prio = rng.random((len(rows), width))
-            prio[xp.arange(width)[None, :] >= avail[rows][:, None]] = 2.0  # never chosen
-            # xp.sort sorts a copy: CuPy cannot sort the non-contiguous [:, :n_neg] view in place.
-            out[rows] = xp.sort(xp.argsort(prio, axis=1)[:, :n_neg], axis=1)
-    return out
-
-
-def _negatives(
-    users: Any, items: Any, n_users: int, n_items: int, n_neg: int, rng: Any, xp: Any
-) -> Any:
-    """int32 [n_users, n_neg] test negatives (see the module docstring for the method).
-
-    `users`/`items` are all positives (train and test), sorted by (user, item), no repeats.
-    """
-    counts = xp.bincount(users, minlength=n_users)
-    offsets = xp.zeros(n_users + 1, dtype=xp.int64)
-    offsets[1:] = xp.cumsum(counts)
-    avail = n_items - counts
-    # boundary = user * n_items + item - (rank of the item within its user), built in place
-    # because each 20M-row temporary costs 160 MB. It never decreases over the whole array:
-    # user-major, and p_j - j never decreases within a user.
-    boundary = offsets[:-1][users]
-    boundary += items
-    boundary -= xp.arange(len(users), dtype=xp.int64)
-    scaled = users.astype(xp.int64)
-    scaled *= n_items
-    boundary += scaled
-    del scaled
-    idx = _draw_indices(avail, n_neg, rng, xp)
-    query = xp.arange(n_users, dtype=xp.int64)[:, None] * n_items + idx
-    below = xp.searchsorted(boundary, query.ravel(), side="right").reshape(idx.shape)
-    del query, boundary
-    below -= offsets[:-1][:, None]
-    below += idx
-    return below.astype(xp.int32)
-
-
 def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             quiet: bool = False) -> dict[str, Any]:  # fmt: skip
     """Read, filter, split and write a prepared dataset; returns its meta (plus `out`)."""
@@ -470,6 +395,11 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
     xp = backend.xp
     out = resolve_out(config)
     check_out(config, out)
+    # `seconds` times the work, not one-time start-up: cuDF's import (seconds, where a file is
+    # read with it) and the CUDA context (made by the first device allocation) come first.
+    if config.source != SYNTHETIC:
+        _ = backend.frame_library
+    _ = xp.zeros(1)
     t0 = time.perf_counter()
 
     with stage("read") as note:
@@ -579,14 +509,15 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
                 f"{n_items - most} to draw --eval-negatives {n_neg} from; {fix}"
             )
         del counts
-        rng = backend.rng(config.seed)
-        test_negatives = _negatives(users, items, n_users, n_items, n_neg, rng, xp)
-        if config.validation:
-            # Drawn after the test negatives from the same generator, so those stay the bytes
-            # --no-validation writes; a user's positives (all of them) are the same either way.
-            valid_negatives = _negatives(users, items, n_users, n_items, n_neg, rng, xp)
-            valid_negatives = valid_negatives[valid_users]
+        candidates = negatives.Candidates(users, items, n_items, xp)
         del users, items
+        test_negatives = candidates.draw(xp.arange(n_users), n_neg, config.seed,
+                                         negatives.TEST_STREAM)  # fmt: skip
+        if config.validation:
+            # Their own stream: the test negatives stay the bytes --no-validation writes.
+            valid_negatives = candidates.draw(valid_users, n_neg, config.seed,
+                                              negatives.VALID_STREAM)  # fmt: skip
+        del candidates
         note["done"] = f"{n_users:,} x {n_neg}"
 
     with stage("write") as note:
@@ -624,7 +555,7 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             "n_duplicates": n_duplicates,
             "tie_rule": TIE_RULE,
             "id_order": ID_ORDER,
-            "negatives": "uniform without replacement over items the user never interacted with",
+            "negatives": NEGATIVES_RULE,
             "ncfcli_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }

@@ -59,6 +59,7 @@ ROLE_FLAGS = {"user": "--user-col", "item": "--item-col", "time": "--time-col",
               "rating": "--rating-col"}  # fmt: skip
 _SNIFF_BYTES = 1 << 16
 _PARSE_SEP = "\x1f"  # stands in for a multi-character separator; never found in text data
+_BOM = "\ufeff"  # the UTF-8 byte-order mark, as text
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class _Layout:
     roles: dict[str, str | None] = field(default_factory=dict)  # role -> column name
     types: dict[str, str] = field(default_factory=dict)  # column -> arrow type, fast CPU read
     label: str = "csv"  # format name recorded in meta.json
+    bom_header: tuple[str, ...] | None = None  # the header's names, after a byte-order mark
 
 
 # ---- locating the ratings file -------------------------------------------------------------
@@ -215,6 +217,9 @@ def _sniff_text(path: Path) -> list[str]:
             f"{path} is not UTF-8 text (invalid byte at {e.start}); expected CSV/TSV, "
             "u.data, ratings.dat, Parquet or a MovieLens zip"
         ) from None
+    # A UTF-8 byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name or
+    # value; both readers skip it in the data (PyArrow always, cuDF since 23.08).
+    text = text.removeprefix(_BOM)
     lines = [ln.rstrip("\r") for ln in text.split("\n") if ln.strip()]
     if not lines:
         raise NcfError(f"{path} is empty (only blank lines)")
@@ -369,7 +374,8 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
     # MovieLens 20M/25M: int32 ids parse faster; any other values take the text read instead
     preset = {"userId": "int32", "movieId": "int32"} if ml20m else {}
     types = _sample_types(lines, True, sep, header, roles, preset)
-    return _Layout("csv", sep, True, None, roles, types, "ratings.csv" if ml20m else "csv")
+    bom = tuple(header) if magic.startswith(_BOM.encode()) else None
+    return _Layout("csv", sep, True, None, roles, types, "ratings.csv" if ml20m else "csv", bom)
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -508,6 +514,10 @@ def _read_gpu(reader: Any, path: Path, layout: _Layout, wanted: list[str]) -> di
             "na_values": [""],  # only an empty cell is empty, as in the PyArrow read
             "keep_default_na": False,
         }
+        if layout.bom_header:
+            # The names as sniffed replace the header row's: a cuDF older than 23.08 would keep
+            # the byte-order mark in the first name and miss that column.
+            kwargs["names"] = list(layout.bom_header)
     try:
         frame = reader(str(path), layout.fmt, **kwargs)
     except Exception as e:  # cuDF raises RuntimeError/ValueError with long texts
