@@ -9,8 +9,10 @@
     table = recommend(run.run_dir, all_users=True, out="recs.parquet")
 
 The same code as the commands, with the same checks (errors are `ncfcli.errors.NcfError`, one
-line); options are the commands' long names with `_` for `-`. This module imports nothing heavy:
-each function loads torch, the backend and the data when it runs. Results are typed objects.
+line). The keywords are the config dataclasses' fields, the same that make the commands' options
+(ncfcli/options.py): their long names with `_` for `-`, each listed with its help in the
+function's docstring. This module imports no torch: each function loads torch, the backend and
+the data when it runs. Results are typed objects.
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ncfcli.data.config import PrepareConfig
 from ncfcli.errors import NcfError
+from ncfcli.evaluate import EvalConfig
+from ncfcli.export import ExportConfig
+from ncfcli.options import api_signature, from_keywords
+from ncfcli.recommend import RecommendConfig
+from ncfcli.train.config import TrainConfig
 
 if TYPE_CHECKING:
     from ncfcli.recommend import AllUsersResult, Recommendations
@@ -63,30 +71,15 @@ class Export:
     result: dict[str, Any]  # what `ncf export --json` prints
 
 
-def _options(kind: Any, given: dict[str, Any], what: str) -> Any:
-    try:
-        return kind(**given)
-    except TypeError as e:
-        raise NcfError(f"{what}: {e}") from None
-
-
 def prepare(
     source: PathLike, out: PathLike | None = None, *, device: str = "auto", quiet: bool = True,
     **options: Any,
 ) -> Dataset:  # fmt: skip
-    """`ncf prepare SOURCE`: a MovieLens name, a path or "synthetic" -> a prepared Dataset.
-
-    options: seed, eval_negatives, min_interactions, min_rating, user_col, item_col, time_col,
-    rating_col, sep, users, items, interactions, preset, cache_dir.
-    """
+    """`ncf prepare SOURCE`: a MovieLens name, a path or "synthetic" -> a prepared Dataset."""
     from ncfcli.backend import get_backend
-    from ncfcli.data.prepare import PrepareConfig
     from ncfcli.data.prepare import prepare as run_prepare
 
-    config = _options(
-        PrepareConfig, {"source": str(source), "out": None if out is None else str(out), **options},
-        "prepare",
-    )  # fmt: skip
+    config = from_keywords(PrepareConfig, {"source": source, "out": out, **options}, "prepare")
     config.validate()
     backend = get_backend(device)
     progress = None
@@ -109,19 +102,15 @@ def train(
 ) -> TrainResult:  # fmt: skip
     """`ncf train DATA`: train one process on a prepared dataset (path, cache name or Dataset).
 
-    options: any TrainConfig field (epochs, batch_size, lr, model, factors, layers, dropout,
-    neg_per_pos, seed, resume, ...); None or absent means the dataset-size default.
+    None or absent means the dataset-size default (on resume=True: the run's own).
     Returns the TrainResult (run_dir, best_epoch, metrics, samples_per_second, ...).
     """
     from ncfcli.data.sources import resolve_prepared
-    from ncfcli.train import TrainConfig
     from ncfcli.train import train as run_train
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
-    if "layers" in options and options["layers"] is not None:
-        options["layers"] = tuple(options["layers"])
-    cfg = _options(TrainConfig, {"data_dir": str(path), "out": None if out is None else str(out),
-                                 "device": device, **options}, "train")  # fmt: skip
+    cfg = from_keywords(TrainConfig, {"out": out, "device": device, **options}, "train",
+                        data_dir=str(path))  # fmt: skip
     progress = None
     if not quiet:
         from ncfcli.ui import epoch_progress, err_console
@@ -136,22 +125,11 @@ def _run_dir(run: Any) -> Path:
     return resolve_run(getattr(run, "run_dir", run))
 
 
-def evaluate(
-    run: PathLike | TrainResult, *, k: Sequence[int] = (1, 5, 10, 20), full_ranking: bool = False,
-    split: str = "test", checkpoint: str = "best", data: PathLike | None = None,
-    eval_batch: int | None = None, device: str = "auto",
-) -> Evaluation:  # fmt: skip
-    """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking.
+def evaluate(run: PathLike | TrainResult, *, device: str = "auto", **options: Any) -> Evaluation:
+    """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking."""
+    from ncfcli.evaluate import run_eval
 
-    split: "test" or "validation" (for choosing models); checkpoint: "best" (the epoch
-    validation chose) or "last" (the run's last epoch); as `ncf eval --split --checkpoint`.
-    """
-    from ncfcli.data.sources import resolve_prepared
-    from ncfcli.evaluate import EvalConfig, run_eval
-
-    cfg = EvalConfig(ks=tuple(int(x) for x in k), full_ranking=full_ranking, batch_rows=eval_batch,
-                     data=None if data is None else resolve_prepared(data), split=split,
-                     checkpoint=checkpoint)  # fmt: skip
+    cfg = from_keywords(EvalConfig, options, "evaluate")  # checked before the run is read
     report = run_eval(_run_dir(run), cfg, device)
     res = report.result
     return Evaluation(metrics=dict(res["metrics"]), protocol=res["protocol"], users=res["users"],
@@ -163,25 +141,18 @@ def export(
     run: PathLike | TrainResult, out: PathLike | None = None, *, triton: PathLike | None = None,
     **options: Any,
 ) -> Export:  # fmt: skip
-    """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked.
+    """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked."""
+    from ncfcli.export import run_export
 
-    options: name, opset, max_batch_size, atol, seed, overwrite, session (also write
-    `<name>_session.onnx`, whose third input `prev_item` takes the previous item explicitly).
-    """
-    from ncfcli.export import ExportConfig, run_export
-
-    cfg = _options(ExportConfig, {"out": None if out is None else Path(out),
-                                  "triton": None if triton is None else Path(triton), **options},
-                   "export")  # fmt: skip
+    cfg = from_keywords(ExportConfig, {"out": out, "triton": triton, **options}, "export")
     res = run_export(_run_dir(run), cfg)
     return Export(onnx=Path(res["onnx"]), max_abs_diff=float(res["max_abs_diff"]), result=res)
 
 
 def recommend(
-    run: PathLike | TrainResult, users: Sequence[str | int] | None = None, *, k: int = 10,
+    run: PathLike | TrainResult, users: Sequence[str | int] | None = None, *,
     all_users: bool = False, out: PathLike | None = None, overwrite: bool = False,
-    fallback: str | None = None, strict: bool = False, data: PathLike | None = None,
-    eval_batch: int | None = None, device: str = "auto", exclude_seen: bool = False,
+    device: str = "auto", **options: Any,
 ) -> Recommendations | AllUsersResult:  # fmt: skip
     """`ncf recommend RUN`: top-K raw item ids for raw user ids, or every user into `out`.
 
@@ -189,12 +160,9 @@ def recommend(
     `all_users=True`: the users' lists go to `out` (.parquet or .csv) and an AllUsersResult
     says what was written.
     """
-    from ncfcli.data.sources import resolve_prepared
-    from ncfcli.recommend import RecommendConfig, run_recommend, run_recommend_all
+    from ncfcli.recommend import run_recommend, run_recommend_all
 
-    cfg = RecommendConfig(k=k, batch_rows=eval_batch, fallback=fallback, strict=strict,
-                          data=None if data is None else resolve_prepared(data),
-                          exclude_seen=exclude_seen)  # fmt: skip
+    cfg = from_keywords(RecommendConfig, options, "recommend")
     if all_users:
         if users:
             raise NcfError("all_users=True takes no users")
@@ -203,5 +171,12 @@ def recommend(
         return run_recommend_all(_run_dir(run), out, cfg, device, overwrite)
     return run_recommend(_run_dir(run), [str(u) for u in users or []], cfg, device)
 
+
+# Each function's keywords, in its signature and its docstring, are its config's fields.
+api_signature(prepare, PrepareConfig)
+api_signature(train, TrainConfig)
+api_signature(evaluate, EvalConfig)
+api_signature(export, ExportConfig)
+api_signature(recommend, RecommendConfig)
 
 __all__ = ["Dataset", "Evaluation", "Export", "prepare", "train", "evaluate", "export", "recommend"]

@@ -56,7 +56,7 @@ def _cupy_probe() -> tuple[ModuleType | None, str]:
     if not _driver_present():
         return None, "no NVIDIA driver found"
     if importlib.util.find_spec("cupy") is None:
-        return None, "CuPy is not installed (see the README's GPU install)"
+        return None, "CuPy is not installed (see docs/gpu.md, Install)"
     try:
         import cupy
 
@@ -318,7 +318,7 @@ class Backend:
 
     @contextlib.contextmanager
     def build_stream(self) -> Iterator[None]:
-        """For a thread that builds the next epoch's arrays while this one trains (train.py).
+        """For a thread that builds the next epoch's arrays while this one trains (train/loop.py).
 
         On a GPU: the array work inside runs on a CUDA stream of its own (CuPy's current device
         and stream are per thread, so both are bound here), the thread waits for it at the end,
@@ -391,7 +391,7 @@ def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
             if _driver_present():
                 _note(f"--device auto: using the CPU: {why}")
             return Backend("cpu", np, 0)
-        raise NcfError(f"--device cuda: {why}; use --device cpu, or see the README's GPU install")
+        raise NcfError(f"--device cuda: {why}; use --device cpu, or see docs/gpu.md, Install")
     cp = _cupy()
     assert cp is not None
     index = device_index % count

@@ -26,7 +26,6 @@ were chosen on a validation split of MovieLens-100K (docs/training-defaults.md).
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -35,9 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
+# The kinds and the option checks import without torch (TrainConfig validates with them).
+from ncfcli.baseline_options import KINDS
+from ncfcli.baseline_options import check_options as check_options
 from ncfcli.errors import NcfError
 
-KINDS = ("pop", "itemknn", "ease", "als")
 EASE_MAX_ITEMS = 40_000  # a dense float64 item x item inverse: 12.8 GB at this size
 # Chosen on the validation split of ml-100k (docs/training-defaults.md, "Baselines").
 DEFAULTS: dict[str, Any] = {
@@ -303,7 +304,7 @@ def fit(
     """Fit the baseline `cfg.kind` on `data`'s training positives; (model, seconds).
 
     `pos_weight` (per training positive, on the device; als only) scales each positive's
-    confidence: train.py passes the recency weights when `cfg.recency_weight` is set.
+    confidence: train/baselines.py passes the recency weights when `cfg.recency_weight` is set.
     """
     t0 = time.perf_counter()
     offsets, items = _csr(data, backend)
@@ -332,19 +333,3 @@ def fit(
     model.eval()
     backend.synchronize()
     return model, time.perf_counter() - t0
-
-
-def check_options(values: dict[str, Any]) -> None:
-    """Validate the baseline flags (None = not given); messages name the flag."""
-    rules = [
-        ("--als-reg", "als_reg", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
-        ("--als-alpha", "als_alpha", lambda v: v > 0 and math.isfinite(v), "> 0"),
-        ("--als-iterations", "als_iterations", lambda v: v >= 1, ">= 1"),
-        ("--ease-lambda", "ease_lambda", lambda v: v > 0 and math.isfinite(v), "> 0"),
-        ("--knn-neighbours", "knn_neighbours", lambda v: v >= 1, ">= 1"),
-        ("--knn-shrink", "knn_shrink", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
-    ]
-    for flag, key, ok, rule in rules:
-        v = values.get(key)
-        if v is not None and not ok(v):
-            raise NcfError(f"{flag} must be {rule}, got {v!r}", exit_code=2)

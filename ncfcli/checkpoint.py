@@ -16,7 +16,7 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
     optimizer       optimizer state_dict (absent in best.pt)
     scaler          GradScaler state_dict or None
                     (no RNG state: each epoch's samples are a function of (seed, epoch), see
-                    data/batches.py, and dropout's of (seed, epoch, rank, step), train.py)
+                    data/batches.py, and dropout's of (seed, epoch, rank, step), train/optim.py)
     history         list of per-epoch metric dicts
     best            {"epoch": int, "hr@10": float, "ndcg@10": float} or None
     resumes         [{"epoch", "step", "changed": {option: [old, new]}}], one per --resume

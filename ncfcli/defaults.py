@@ -1,8 +1,8 @@
 """Training defaults by dataset size, torch-free so `ncf train --help` can show them:
 `python -m ncfcli.defaults` prints the table.
 
-`ncfcli.train.size_defaults` is this module's `size_defaults`; train.py's docstring says how
-the tiers were chosen.
+`ncfcli.train.size_defaults` is this module's `size_defaults`; ncfcli/train/config.py's docstring
+says how the tiers were chosen.
 """
 
 from __future__ import annotations

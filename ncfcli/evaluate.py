@@ -21,10 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ncfcli.distributed import DistEnv, all_reduce_sum
 from ncfcli.errors import NcfError
+from ncfcli.options import DATA, EVAL, opt, prepared, scoring_batch
+
+if TYPE_CHECKING:  # EvalConfig loads no torch: `ncf eval -k 0` is refused at once
+    from ncfcli.distributed import DistEnv
 
 DEFAULT_KS = (1, 5, 10, 20)
 
@@ -45,12 +48,23 @@ def rows_for(backend: Any, batch_rows: int | None = None) -> int:
 class EvalConfig:
     """Options of `ncf eval`."""
 
-    ks: tuple[int, ...] = DEFAULT_KS  # cut-offs K of HR@K and NDCG@K (--k)
-    full_ranking: bool = False  # rank against every non-training item, not the sampled ones
-    batch_rows: int | None = None  # (user, item) pairs scored at once; None = rows_for(device)
-    data: Path | None = None  # prepared dataset to evaluate on; None = the one the run trained on
-    split: str = "test"  # held-out set to evaluate: test | validation
-    checkpoint: str = "best"  # best.pt (the chosen epoch) | last (the run's last checkpoint)
+    ks: tuple[int, ...] = opt(
+        DEFAULT_KS, "Cut-offs K: -k 1 5 10 20 (or 1,5,10,20).", EVAL, flags=("-k", "--top-k"),
+        aliases=("--k", "--topk"), api="k", cli_type=list[str], cli_default=None,
+        parse=lambda v: parse_ks(v),
+    )  # fmt: skip
+    full_ranking: bool = opt(
+        False, "Rank against every item not in the user's training set.", EVAL
+    )  # else the sampled protocol
+    batch_rows: int | None = scoring_batch()
+    data: Path | None = opt(
+        None, "Evaluate on this prepared dataset (path or cache name).", DATA, cli_type=str,
+        parse=prepared, shown="the run's own",
+    )  # fmt: skip
+    split: str = opt("test", "Held-out set: test, or validation (for choosing models).", EVAL)
+    checkpoint: str = opt(
+        "best", "best (the epoch validation chose) or last (the run's last epoch).", EVAL
+    )
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -127,7 +141,9 @@ def check_ks(ks: Sequence[int], n_candidates: int, protocol: str) -> None:
             )
 
 
-def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = DistEnv()) -> dict:
+def evaluate(
+    run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv | None = None
+) -> dict:
     """HR@K and NDCG@K of `run.model` on `data` (a PreparedData on `backend`).
 
     Returns {"split", "dataset_split", "protocol", "tie_rule", "metrics": {"hr@k": ...,
@@ -135,6 +151,7 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
     """
     import torch
 
+    from ncfcli.distributed import DistEnv, all_reduce_sum
     from ncfcli.metrics import (
         FULL,
         TIE_RULE,
@@ -145,6 +162,7 @@ def evaluate(run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv = 
         uses_order,
     )
 
+    env = DistEnv() if env is None else env
     model = run.model
     model.eval()
     device = backend.torch_device

@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.options import EVAL, opt
+from ncfcli.options import OUTPUT as FILES  # this module's OUTPUT is the graph's output
 
 INPUTS = ("user", "item")
 ORDER_INPUT = "prev_item"  # the session model's third input
@@ -68,15 +70,25 @@ CONTEXT = (
 class ExportConfig:
     """Options of `ncf export`."""
 
-    out: Path | None = None  # .onnx path; None = RUN_DIR/export/model.onnx
-    triton: Path | None = None  # also write a Triton model repository here
-    name: str = "ncf"  # Triton model name (directory under --triton)
-    opset: int = 18  # ONNX opset version
-    max_batch_size: int = 65536  # Triton max_batch_size
-    atol: float = 1e-4  # largest onnxruntime-vs-PyTorch difference accepted
-    seed: int = 0  # seed of the random parity inputs
-    overwrite: bool = False  # replace files (and a Triton model) ncf exported there before
-    session: bool = False  # also write <name>_session.onnx taking prev_item (order term only)
+    out: Path | None = opt(
+        None, "Path of the .onnx file.", FILES, flags=("--out", "-o"), parse=Path,
+        shown="RUN_DIR/export/model.onnx",
+    )  # fmt: skip
+    triton: Path | None = opt(
+        None, "Also write a Triton model repository in this directory.", FILES, parse=Path
+    )
+    name: str = opt("ncf", "Triton model name.", FILES)  # its directory under --triton
+    opset: int = opt(18, "ONNX opset version (>= 18).", FILES)
+    max_batch_size: int = opt(65536, "Triton max_batch_size in config.pbtxt.", FILES)
+    atol: float = opt(1e-4, "Largest onnxruntime-vs-PyTorch difference accepted.", EVAL)
+    seed: int = opt(0, "Seed of the random inputs of the parity checks.", EVAL)
+    overwrite: bool = opt(
+        False, "Replace ncf's own earlier output at --out (never other files).", FILES
+    )  # and a Triton model ncf exported there before
+    session: bool = opt(
+        False, "Also write NAME_session.onnx, which takes the previous item as a third input, "
+        "prev_item (models with an order term).", FILES,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.opset < MIN_OPSET:
@@ -315,27 +327,6 @@ def recommend_parity(run: Any, data: Any, onnx_path: Path, backend: Any) -> tupl
     return (float(diff.max()) if diff.size else 0.0), len(users)
 
 
-def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...] = INPUTS) -> str:
-    """config.pbtxt for the exported graph.
-
-    The graph's tensors are [batch]; Triton's dims exclude the batch dim and may not be empty,
-    so each tensor is declared dims [1] (clients send [batch, 1]) with `reshape { shape: [] }`
-    telling Triton the model itself sees [batch].
-    """
-
-    def tensor(n: str, dtype: str) -> str:
-        return f'  {{ name: "{n}" data_type: {dtype} dims: [ 1 ] reshape: {{ shape: [ ] }} }}'
-
-    return (
-        f'name: "{name}"\n'
-        'platform: "onnxruntime_onnx"\n'
-        f"max_batch_size: {max_batch_size}\n"
-        "input [\n" + ",\n".join(tensor(n, "TYPE_INT64") for n in inputs) + "\n]\n"
-        "output [\n" + tensor(OUTPUT, "TYPE_FP32") + "\n]\n"
-        "dynamic_batching { }\n"
-    )
-
-
 def describe(
     run: Any, data_meta: dict, onnx_name: str, diffs: dict[int, float], opset: int,
     session: bool = False,
@@ -413,6 +404,83 @@ def _build(model: Any, path: Path, opset: int, context: Any, session: bool) -> N
         raise NcfError(f"onnx.checker rejected the exported model: {e}") from None
 
 
+@dataclass(frozen=True)
+class _Files:
+    """What one export writes, decided (and checked against what is there) before any work."""
+
+    out: Path  # the served graph, a .onnx file
+    session_name: str  # the session graph's file name beside it (with --session)
+    graphs: list[tuple[str, bool]]  # (file name, session) of each graph
+    names: tuple[str, ...]  # every file written beside the model, in the order moved in
+    tritons: list[tuple[Path, str, bool]]  # (model directory, model name, session)
+
+    @property
+    def folder(self) -> Path:
+        return self.out.parent
+
+    @property
+    def meta_name(self) -> str:
+        return self.out.with_suffix(".json").name
+
+
+def _plan(run: Any, cfg: ExportConfig, ordered: bool) -> _Files:
+    """The files to write; refuses a bad --out or --session, and any file ncf may not replace."""
+    from ncfcli.data.dataset import ID_MAPS
+    from ncfcli.fsutil import check_out_dir, check_out_file
+
+    out = Path(cfg.out) if cfg.out is not None else run.path / "export" / "model.onnx"
+    if out.suffix != ".onnx":
+        raise NcfError(f"--out must end in .onnx, got {out}")
+    if out.is_dir():
+        raise NcfError(f"--out {out} is a directory; give a file path ending in .onnx")
+    if cfg.session and not ordered:
+        raise NcfError(f"--session: {run.path}'s model has no order term (--order-factors 0); "
+                       "its model takes user and item alone, there is no previous item to give")  # fmt: skip
+    session_name = f"{out.stem}{SESSION}.onnx"
+    graphs = [(out.name, False)] + ([(session_name, True)] if cfg.session else [])
+    # Sidecars first, models last: a reader that finds an .onnx finds its id maps too.
+    names = (*ID_MAPS, out.with_suffix(".json").name, *reversed([g for g, _ in graphs]))
+    check_export_folder(out)
+    # Every file written beside the model is checked, not only the model: none may be the user's.
+    for fname in names:
+        check_out_file(out.parent / fname, overwrite=cfg.overwrite)
+    tritons: list[tuple[Path, str, bool]] = []
+    if cfg.triton is not None:
+        tritons = [(Path(cfg.triton) / f"{cfg.name}{s}", f"{cfg.name}{s}", bool(s))
+                   for s in (["", SESSION] if cfg.session else [""])]  # fmt: skip
+        for tdir, _, _ in tritons:
+            check_out_dir(tdir, "triton model", overwrite=cfg.overwrite, flag="--triton",
+                          protect=[run.path])  # fmt: skip
+    return _Files(out, session_name, graphs, names, tritons)
+
+
+def _check_graphs(
+    run: Any, data: Any, model: Any, context: Any, tmp: Path, files: _Files, cfg: ExportConfig,
+    backend: Any,
+) -> tuple[dict[str, dict[int, float]], float, float, int]:  # fmt: skip
+    """Build each graph in `tmp` and check it against PyTorch and `ncf recommend`: (each
+    graph's parity, the worst of them, the served graph's difference from recommend, and the
+    users that comparison scored). Any check failing is an error: nothing is written."""
+    n_users, n_items = run.model_config.n_users, run.model_config.n_items
+    diffs: dict[str, dict[int, float]] = {}
+    for fname, session in files.graphs:
+        _build(model, tmp / fname, cfg.opset, context, session)
+        diffs[fname] = parity(model, tmp / fname, n_users, n_items, cfg.seed, context)
+    worst = max(d for per in diffs.values() for d in per.values())
+    if not worst <= cfg.atol:
+        raise NcfError(
+            f"onnxruntime and PyTorch disagree by {worst:.3g} (> --atol {cfg.atol:g}); "
+            "nothing was written"
+        )
+    served, n_compared = recommend_parity(run, data, tmp / files.out.name, backend)
+    if not served <= cfg.atol:
+        raise NcfError(
+            f"the exported model and `ncf recommend --exclude-seen` disagree by {served:.3g} "
+            f"(> --atol {cfg.atol:g}); nothing was written"
+        )
+    return diffs, worst, served, n_compared
+
+
 def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     """Export `run.model`, check parity, write files; {"onnx", "max_abs_diff", "parity", ...}.
 
@@ -422,44 +490,15 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     from ncfcli.backend import get_backend
     from ncfcli.data.dataset import ID_MAPS, read_meta
     from ncfcli.evaluate import resolve_data
-    from ncfcli.fsutil import (
-        atomic_dir,
-        check_out_dir,
-        check_out_file,
-        read_marker,
-        record_written,
-        write_marker,
-    )
+    from ncfcli.fsutil import check_out_file, read_marker, record_written
     from ncfcli.metrics import uses_order
     from ncfcli.recommend import context_split
+    from ncfcli.triton import write_model
 
     require_export_deps()
-    out = Path(cfg.out) if cfg.out is not None else run.path / "export" / "model.onnx"
-    if out.suffix != ".onnx":
-        raise NcfError(f"--out must end in .onnx, got {out}")
-    if out.is_dir():
-        raise NcfError(f"--out {out} is a directory; give a file path ending in .onnx")
     ordered = uses_order(run.model)
-    if cfg.session and not ordered:
-        raise NcfError(f"--session: {run.path}'s model has no order term (--order-factors 0); "
-                       "its model takes user and item alone, there is no previous item to give")  # fmt: skip
-    folder = out.parent
-    meta_name = out.with_suffix(".json").name
-    session_name = f"{out.stem}{SESSION}.onnx"
-    graphs = [(out.name, False)] + ([(session_name, True)] if cfg.session else [])
-    # Sidecars first, models last: a reader that finds an .onnx finds its id maps too.
-    names = (*ID_MAPS, meta_name, *reversed([g for g, _ in graphs]))
-    check_export_folder(out)
-    # Every file written beside the model is checked, not only the model: none may be the user's.
-    for fname in names:
-        check_out_file(folder / fname, overwrite=cfg.overwrite)
-    tritons: list[tuple[Path, str, bool]] = []  # (model directory, model name, session)
-    if cfg.triton is not None:
-        tritons = [(Path(cfg.triton) / f"{cfg.name}{s}", f"{cfg.name}{s}", bool(s))
-                   for s in (["", SESSION] if cfg.session else [""])]  # fmt: skip
-        for tdir, _, _ in tritons:
-            check_out_dir(tdir, "triton model", overwrite=cfg.overwrite, flag="--triton",
-                          protect=[run.path])  # fmt: skip
+    files = _plan(run, cfg, ordered)
+    folder, out, session_name = files.folder, files.out, files.session_name
     meta = read_meta(data_dir)
     if meta.get("fingerprint") != run.dataset_fingerprint:
         raise NcfError(
@@ -469,7 +508,6 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     backend = get_backend("cpu")
     data, _ = resolve_data(run, data_dir, backend)
     model = run.model.cpu().eval()
-    cfg_m = run.model_config
     context = data.context(context_split(exclude_seen=True), backend.xp) if ordered else None
     dirs = [(folder, "export directory")]
     if cfg.triton is not None:
@@ -479,56 +517,28 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         tempfile.TemporaryDirectory(prefix=".ncf-export-", dir=folder) as tmp_s,
     ):
         tmp = Path(tmp_s)
-        diffs: dict[str, dict[int, float]] = {}
-        for fname, session in graphs:
-            _build(model, tmp / fname, cfg.opset, context, session)
-            diffs[fname] = parity(model, tmp / fname, cfg_m.n_users, cfg_m.n_items, cfg.seed,
-                                  context)  # fmt: skip
-        worst = max(d for per in diffs.values() for d in per.values())
-        if not worst <= cfg.atol:
-            raise NcfError(
-                f"onnxruntime and PyTorch disagree by {worst:.3g} (> --atol {cfg.atol:g}); "
-                "nothing was written"
-            )
-        served, n_compared = recommend_parity(run, data, tmp / out.name, backend)
-        if not served <= cfg.atol:
-            raise NcfError(
-                f"the exported model and `ncf recommend --exclude-seen` disagree by {served:.3g} "
-                f"(> --atol {cfg.atol:g}); nothing was written"
-            )
+        diffs, worst, served, n_compared = _check_graphs(run, data, model, context, tmp, files,
+                                                         cfg, backend)  # fmt: skip
         desc = describe(run, meta, out.name, diffs[out.name], cfg.opset)
         desc["recommend_max_abs_diff"] = served
         if cfg.session:
             desc["session"] = describe(run, meta, session_name, diffs[session_name], cfg.opset,
                                        session=True)  # fmt: skip
         _copy_id_maps(data_dir, tmp)
-        (tmp / meta_name).write_text(json.dumps(desc, indent=2) + "\n")
-        for tdir, tname, session in tritons:
-            with atomic_dir(tdir, "triton model") as tmp_t:
-                # mkdtemp makes it owner-only; a server running as another user must read it.
-                tmp_t.chmod(0o755)
-                (tmp_t / "1").mkdir()
-                write_marker(tmp_t / "1", "triton model", ["model.onnx"])
-                shutil.copyfile(tmp / (session_name if session else out.name),
-                                tmp_t / "1" / "model.onnx")  # fmt: skip
-                (tmp_t / "config.pbtxt").write_text(
-                    triton_config(tname, cfg.max_batch_size, graph_inputs(session))
-                )
-                for fname in ID_MAPS:
-                    shutil.copyfile(tmp / fname, tmp_t / fname)
-                tdesc = desc["session"] if session else desc
-                tdesc = {k: v for k, v in tdesc.items() if k != "session"}
-                (tmp_t / "model.json").write_text(
-                    json.dumps(dict(tdesc, model_file="1/model.onnx"), indent=2) + "\n"
-                )
-        for fname in names:
+        (tmp / files.meta_name).write_text(json.dumps(desc, indent=2) + "\n")
+        for tdir, tname, session in files.tritons:
+            graph = tmp / (session_name if session else out.name)
+            write_model(tdir, tname, graph, graph_inputs(session), OUTPUT,
+                        desc["session"] if session else desc, cfg.max_batch_size)  # fmt: skip
+        for fname in files.names:
             check_out_file(folder / fname, overwrite=cfg.overwrite)  # may have appeared since
-        record_written(folder, names, "export")
-        for fname in names:
+        record_written(folder, files.names, "export")
+        for fname in files.names:
             os.replace(tmp / fname, folder / fname)
     if folder.parent.resolve() == run.path.resolve() and read_marker(run.path):
         # Listed in the run's record; what the folder holds is checked against its own record.
         record_written(run.path, [folder.name])
+    tritons = files.tritons
     return {
         "onnx": str(out),
         "inputs": list(INPUTS),
@@ -543,7 +553,7 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         else None,
         "output": OUTPUT,
         "id_maps": [str(folder / f) for f in ID_MAPS],
-        "metadata": str(folder / meta_name),
+        "metadata": str(folder / files.meta_name),
         "triton": str(tritons[0][0]) if tritons else None,
         "triton_session": str(tritons[1][0]) if len(tritons) > 1 else None,
     }

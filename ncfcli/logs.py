@@ -6,7 +6,7 @@
   extra: pip install 'ncfcli[tensorboard]');
 - the resolved hyper-parameters, printed on stderr when a run starts (within 80 columns).
 
-train.py makes one RunLog per run and calls `epoch(history)` after each epoch; only rank 0
+train/run.py makes one RunLog per run and calls `epoch(history)` after each epoch; only rank 0
 writes or prints.
 """
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.options import DATA, OUTPUT, opt, prepared, scoring_batch
 
 FALLBACKS = ("popular",)
 EXIT_UNKNOWN = 3  # some users were unknown and skipped; the others got their lists
@@ -43,12 +44,24 @@ ROW_GROUP = 1 << 18  # rows per write of --all-users
 class RecommendConfig:
     """Options of `ncf recommend`."""
 
-    k: int = 10  # items per user (-k/--top-k)
-    batch_rows: int | None = None  # (user, item) pairs scored at once; None = a device default
-    data: Path | None = None  # prepared dataset for id maps and training items; None = the run's
-    fallback: str | None = None  # "popular": unknown users get the most popular training items
-    strict: bool = False  # refuse the whole batch when any user is unknown
-    exclude_seen: bool = False  # also leave out the user's held-out (validation, test) items
+    k: int = opt(10, "Items per user.", OUTPUT, flags=("-k", "--top-k"), aliases=("--topk",))
+    batch_rows: int | None = scoring_batch()
+    data: Path | None = opt(
+        None, "Prepared dataset for id maps and training items.", DATA, cli_type=str,
+        parse=prepared, shown="the run's own",
+    )  # fmt: skip
+    fallback: str | None = opt(
+        None, "popular: unknown users get the items with the most training interactions.",
+        DATA, shown="skip unknown users",
+    )  # fmt: skip
+    strict: bool = opt(
+        False, "Refuse the whole batch (exit 1) if any user is unknown; else they are skipped "
+        "and listed on stderr (exit 3).", DATA,
+    )  # fmt: skip
+    exclude_seen: bool = opt(
+        False, "Also leave out each user's held-out items (validation, test): lists to serve. "
+        "Without it they stay candidates, as full-ranking evaluation scores them.", DATA,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.k < 1:

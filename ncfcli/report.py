@@ -99,7 +99,7 @@ def _key(scores: dict[str, Any]) -> tuple[float, float]:
 def run_report(folder: Path) -> dict[str, Any]:
     config = _read_json(folder / "config.json")
     history = _history(folder)
-    # As train.py chooses: validation HR@10 then NDCG@10 (test without a validation split);
+    # As train/evaluation.py picks: validation HR@10 then NDCG@10 (test without a validation split);
     # the first epoch wins a tie. A --refit run's model is its last epoch (test chose nothing).
     refit = bool(config.get("dataset", {}).get("merged_validation"))
     if refit:

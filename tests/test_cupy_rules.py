@@ -261,6 +261,7 @@ def test_training_under_cupy_rules_gives_numpys_run(
     module: the same losses and metrics as with NumPy."""
     from ncfcli import train as train_mod
     from ncfcli.distributed import DistEnv
+    from ncfcli.train import loop as train_loop
 
     def run(out: Path) -> list[dict[str, Any]]:
         cfg = train_mod.TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu",
@@ -273,8 +274,8 @@ def test_training_under_cupy_rules_gives_numpys_run(
         return [{k: json.loads(line)[k] for k in keys} for line in lines]
 
     want = run(tmp_path / "numpy")
-    monkeypatch.setattr(train_mod, "get_backend", lambda device, index=0: strict_backend())
-    monkeypatch.setattr(train_mod, "load_prepared", lambda path, backend: _strict_data(Path(path)))
+    monkeypatch.setattr(train_loop, "get_backend", lambda device, index=0: strict_backend())
+    monkeypatch.setattr(train_loop, "load_prepared", lambda path, backend: _strict_data(Path(path)))
     reads = strict.reads
     with no_implicit_numpy():
         got = run(tmp_path / "strict")

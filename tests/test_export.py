@@ -1,5 +1,5 @@
 """`ncf export --onnx` end to end: checker, onnxruntime parity, id maps, Triton layout, errors,
-the README's serving snippet on every model kind, and where export may write."""
+the serving snippet of docs/serving.md on every model kind, and where export may write."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 runner = CliRunner()
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-# The README's serving snippet: onnxruntime on the export of runs/synthetic, user and item alone.
+SERVING = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
+# The serving snippet (docs/serving.md, linked from the README): onnxruntime on the export of
+# runs/synthetic, user and item alone.
 SERVE = next(
-    b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "onnxruntime" in b
+    b for b in re.findall(r"```python\n(.*?)```", SERVING, flags=re.S) if "onnxruntime" in b
 )
 FAST = ["--epochs", "1", "--factors", "4", "--layers", "8", "4", "--device", "cpu", "-q"]
 
@@ -211,7 +212,7 @@ def _triton_inputs(model_dir: Path) -> list[str]:
 def test_every_kind_serves_on_user_and_item_as_recommend_scores(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, order: int
 ) -> None:
-    """The README's serving snippet, as written, on each kind's export: the graph takes user and
+    """docs/serving.md's snippet, as written, on each kind's export: the graph takes user and
     item alone (an order term's previous item is looked up inside) and its logits are `ncf
     recommend --exclude-seen`'s scores; the session model takes prev_item and equals PyTorch."""
     run = tmp_path / "runs" / "synthetic"  # where the README's commands put it
@@ -307,7 +308,7 @@ def _snapshot(folder: Path) -> dict[str, bytes | None]:
 def test_a_folder_holding_the_users_files_is_refused(
     exported: dict, tmp_path: Path, overwrite: list[str]
 ) -> None:
-    """README, "Your files are safe": no export, no record dropped into a folder of the user's."""
+    """docs/cli.md, "Your files are safe": no export, no record dropped into a user's folder."""
     mine = tmp_path / "models"
     (mine / "notes").mkdir(parents=True)
     (mine / "thesis.tex").write_text("my only copy\n")

@@ -26,7 +26,6 @@ from typer.testing import CliRunner
 
 import ncfcli
 from ncfcli import baselines
-from ncfcli import train as train_mod
 from ncfcli.backend import Backend, get_backend
 from ncfcli.cli import app
 from ncfcli.data import negatives
@@ -34,6 +33,9 @@ from ncfcli.data import prepare as prepare_mod
 from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, load_prepared
 from ncfcli.errors import NcfError, is_device_oom
 from ncfcli.model import ModelConfig, build_model
+from ncfcli.train import device as train_device
+from ncfcli.train import loop as train_loop
+from ncfcli.train import start as train_start
 from tests.strict_xp import no_implicit_numpy, strict, strict_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,13 +83,13 @@ def spied_run(prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """One tiny CPU run through the Python API, with TF32 off beforehand and --tf32 on; records
     the switches while the model is built and every synchronisation the loop asks for."""
     seen: dict[str, Any] = {"syncs": []}
-    real_build = train_mod.build_model
+    real_build = train_start.build_model
 
     def build(cfg: Any) -> Any:
         seen["during"] = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         return real_build(cfg)
 
-    monkeypatch.setattr(train_mod, "build_model", build)
+    monkeypatch.setattr(train_start, "build_model", build)
     monkeypatch.setattr(Backend, "synchronize", lambda self: seen["syncs"].append("device"))
     monkeypatch.setattr(Backend, "synchronize_stream", lambda self: seen["syncs"].append("stream"))
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
@@ -115,7 +117,7 @@ def test_f2_train_restores_the_tf32_switches(spied_run: dict[str, Any]) -> None:
 def test_f2_a_failed_run_restores_them_too(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_build = train_mod.build_model
+    real_build = train_start.build_model
     during: list[bool] = []
 
     def build_then_fail(cfg: Any) -> Any:
@@ -123,7 +125,7 @@ def test_f2_a_failed_run_restores_them_too(
         real_build(cfg)
         raise NcfError("stopped on purpose")
 
-    monkeypatch.setattr(train_mod, "build_model", build_then_fail)
+    monkeypatch.setattr(train_start, "build_model", build_then_fail)
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("medium")  # TF32 allowed, set the other way
     try:
@@ -309,7 +311,7 @@ def test_f7_device_out_of_memory_is_told_from_the_hosts() -> None:
     ]
     for error, device in cases:
         assert is_device_oom(error) is device, error
-        assert train_mod._is_oom(error) is device, error
+        assert train_device._is_oom(error) is device, error
 
 
 def test_f7_train_gives_the_memory_hint_for_rmms_error(
@@ -318,7 +320,7 @@ def test_f7_train_gives_the_memory_hint_for_rmms_error(
     def rmm_fails(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError(RMM_OOM)
 
-    monkeypatch.setattr(train_mod, "_train", rmm_fails)
+    monkeypatch.setattr(train_loop, "_train", rmm_fails)
     with pytest.raises(NcfError, match="out of GPU memory on cpu: add --micro-batch"):
         ncfcli.train(prepared_dir, tmp_path / "run", device="cpu", epochs=1)
 

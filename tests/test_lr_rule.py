@@ -134,16 +134,16 @@ def test_warmup_ramps_the_lr_from_its_first_step(
     steps of an epoch, so the first step already moves the weights (lr / n, not 0) and the
     ramp ends at the full lr on the last step of epoch 1; metrics.jsonl's rows carry each
     epoch's first and last lr."""
-    from ncfcli import train as train_mod
+    from ncfcli.train import optim as train_optim
 
     trace: list[float] = []
-    real_step = train_mod._CpuAdam.step
+    real_step = train_optim._CpuAdam.step
 
     def record(self: Any) -> None:
         trace.append(self.param_groups[0]["lr"])
         real_step(self)
 
-    monkeypatch.setattr(train_mod._CpuAdam, "step", record)
+    monkeypatch.setattr(train_optim._CpuAdam, "step", record)
     lr, batch, neg = 0.01, 4096, 4
     run = tmp_path / "warm"
     args = ["train", str(prepared_dir), "--out", str(run), "--device", "cpu", "--epochs", "2",

@@ -37,7 +37,7 @@ def test_training_mlp_saves_only_the_dropout_outputs() -> None:
     model = _model()
     h = torch.randn(500, 32, requires_grad=True)  # h * 1: a pre-activation, as in forward()
     head = torch.randn(8, 1, requires_grad=True)  # a consumer that saves the last output
-    fused = _saved_bytes(lambda: model._mlp_rest(h * 1) @ head)
+    fused = _saved_bytes(lambda: model.mlp_tower.hidden(h * 1) @ head)
     plain = _saved_bytes(lambda: model.mlp(h * 1) @ head)
     # Widths 32, 16, 8: plain also keeps each ReLU's output (4 B an element) and dropout's
     # mask (a float tensor on the CPU, 4 B; a bool on CUDA); both keep the dropout outputs.
@@ -50,7 +50,7 @@ def test_training_mlp_computes_what_the_plain_layers_do() -> None:
     model.double()
     grads = []
     outs = []
-    for fn in (model._mlp_rest, model.mlp):
+    for fn in (model.mlp_tower.hidden, model.mlp):
         x = h.clone().requires_grad_(True)
         torch.manual_seed(5)  # the same dropout draws
         y = fn(x * 1)
@@ -69,6 +69,6 @@ def test_eval_and_dropout_free_models_use_the_plain_layers(training: bool) -> No
     model = _model().train(training)
     h = torch.randn(8, 32)
     torch.manual_seed(1)
-    a = model._mlp_rest(h)
+    a = model.mlp_tower.hidden(h)
     torch.manual_seed(1)
     assert torch.equal(a, model.mlp(h))

@@ -169,12 +169,12 @@ def test_the_ctrl_c_hint_runs_as_printed(
 ) -> None:
     """`continue with: ncf train --out RUN --resume` works as printed: --resume finds DATA_DIR
     in the run, and the continued run ends where an uninterrupted one would."""
-    from ncfcli import train as train_mod
+    from ncfcli.train import optim as train_optim
 
     monkeypatch.chdir(tmp_path)
     flags = ["--device", "cpu", "--epochs", "2", "--batch-size", "1024", "--factors", "4",
              "--neg-per-pos", "2", "-q"]  # fmt: skip
-    real = train_mod.F.binary_cross_entropy_with_logits
+    real = train_optim.F.binary_cross_entropy_with_logits
     calls = {"n": 0}
 
     def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> Any:
@@ -183,9 +183,9 @@ def test_the_ctrl_c_hint_runs_as_printed(
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
     part = runner.invoke(app, ["train", str(prepared_dir), "--out", "runs/int", *flags])
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
     line = one_error_line(part)
     assert part.exit_code == 130 and "interrupted in epoch 1" in line
     printed = line.split("continue with: ", 1)[1]

@@ -1,5 +1,5 @@
 """The README's commands and the example scripts run and do what they say:
-`python -m pytest tests/test_readme.py`.
+`python -m pytest tests/test_readme.py` (tests/test_docs.py runs the docs pages' commands).
 
 Each runs as a user would run it, in a temporary folder, as subprocesses of this Python (the
 `pip install` part of the README's lines is what CI itself does first). Only the size of the
@@ -24,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+SERVING = (ROOT / "docs" / "serving.md").read_text()  # the serving snippet the README links to
 BLOCKS = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
 TINY = ["--users", "80", "--items", "300", "--interactions", "2400"]  # 100 eval negatives fit
 
@@ -70,10 +71,11 @@ def test_the_quickstart_line_runs(tmp_path: Path) -> None:
     saved = json.loads((run / "eval.json").read_text())["results"]
     assert {(r["protocol"], r["k"]) for r in saved} >= {("full ranking", 10)}
     assert "user 1: top 10" in outputs[-1]
-    # The README's serving snippet on that export, as written: onnxruntime on user and item
-    # alone gives `ncf recommend --exclude-seen`'s scores (the default run has the order term
-    # or not, as the defaults decide for this data; tests/test_export.py runs every kind).
-    snippet = next(b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    # The serving snippet (docs/serving.md, linked from the README) on that export, as written:
+    # onnxruntime on user and item alone gives `ncf recommend --exclude-seen`'s scores (the
+    # default run has the order term or not, as the defaults decide for this data;
+    # tests/test_export.py runs every kind).
+    snippet = next(b for b in re.findall(r"```python\n(.*?)```", SERVING, flags=re.S)
                    if "onnxruntime" in b)  # fmt: skip
     code = snippet + "print(json.dumps([items, logits.tolist()]))\n"
     served = subprocess.run([sys.executable, "-c", "import json\n" + code], cwd=tmp_path, env=env,

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ncfcli import train as train_mod
 from ncfcli.checkpoint import load_checkpoint
+from ncfcli.train import optim as train_optim
 from tests.test_train import SMALL, ctrl_c_in_epoch_2, ncf, scores
 
 
@@ -42,7 +42,7 @@ def test_dropout_run_stopped_mid_epoch_resumes_exactly(
     assert stopped["step"] == 4
     # Nothing device-specific is needed to resume: no CPU or CUDA generator state.
     assert not any("rng" in key for key in stopped), sorted(stopped)
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
     rest = ncf("train", prepared_dir, "--out", tmp_path / "part", "--resume", "--device", "cpu",
                "-q")  # fmt: skip
     assert rest.exit_code == 0, rest.output
@@ -66,13 +66,13 @@ def test_dropout_masks_are_a_function_of_the_step() -> None:
     """The same (seed, epoch, rank, step) gives the same masks whatever ran before, and
     another step gives other masks."""
     drop, x, cpu = torch.nn.Dropout(0.5), torch.ones(1000), torch.device("cpu")
-    base = train_mod._seed_for(7, 2, 0)  # seed 7, epoch 2, rank 0
-    train_mod._seed_dropout(cpu, base, 5)
+    base = train_optim._seed_for(7, 2, 0)  # seed 7, epoch 2, rank 0
+    train_optim._seed_dropout(cpu, base, 5)
     first = drop(x)
     torch.rand(123)  # anything drawn in between
-    train_mod._seed_dropout(cpu, base, 5)
+    train_optim._seed_dropout(cpu, base, 5)
     assert torch.equal(drop(x), first)
-    train_mod._seed_dropout(cpu, base, 6)
+    train_optim._seed_dropout(cpu, base, 6)
     assert not torch.equal(drop(x), first)
-    train_mod._seed_dropout(cpu, train_mod._seed_for(7, 2, 1), 5)  # another rank
+    train_optim._seed_dropout(cpu, train_optim._seed_for(7, 2, 1), 5)  # another rank
     assert not torch.equal(drop(x), first)

@@ -111,7 +111,7 @@ def test_every_candidate_position_gets_its_share(avail: int, n_neg: int) -> None
 def test_samples_per_second_counts_the_samples_trained(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ncfcli.train as train_mod
+    from ncfcli.train import loop as train_loop
 
     ticks = [0.0]
 
@@ -123,7 +123,7 @@ def test_samples_per_second_counts_the_samples_trained(
         **{k: getattr(time, k) for k in dir(time) if not k.startswith("_")}
     )
     fake.perf_counter = clock
-    monkeypatch.setattr(train_mod, "time", fake)
+    monkeypatch.setattr(train_loop, "time", fake)
     epochs, neg = 2, 3
     run = tmp_path / "run"
     res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--epochs", str(epochs),

@@ -11,9 +11,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ncfcli import train as train_mod
 from ncfcli.checkpoint import load_checkpoint, load_run
 from ncfcli.cli import app
+from ncfcli.train import evaluation as train_evaluation
+from ncfcli.train import optim as train_optim
 from tests.conftest import _tiny_prepared
 
 runner = CliRunner()
@@ -124,7 +125,7 @@ def test_resume_equals_uninterrupted(
 def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Make the loss send Ctrl-C at `step` (1-based) of epoch 2 of a SMALL run; returns the
     real loss function, to put back before resuming."""
-    real = train_mod.F.binary_cross_entropy_with_logits
+    real = train_optim.F.binary_cross_entropy_with_logits
     n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
     per_epoch = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
     calls = {"n": 0}
@@ -135,7 +136,7 @@ def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyP
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
     return real
 
 
@@ -151,7 +152,7 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
     assert "interrupted in epoch 2" in line and "--resume" in line
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["epoch"] == 1 and state["step"] == 6  # the 6th step finishes, then it stops
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
     again = ncf("train", prepared_dir, "--out", run, "--resume", "--device", "cpu", "-q")
     assert again.exit_code == 0, again.output
     assert scores(run) == scores(straight)
@@ -160,7 +161,7 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = train_mod.F.binary_cross_entropy_with_logits
+    real = train_optim.F.binary_cross_entropy_with_logits
     calls = {"n": 0}
 
     def nan_in_epoch_2(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -168,7 +169,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
         out = real(*args, **kwargs)
         return out * float("nan") if calls["n"] > 10 else out
 
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", nan_in_epoch_2)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", nan_in_epoch_2)
     run = tmp_path / "nan"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "-q")
     assert result.exit_code == 1
@@ -184,7 +185,7 @@ def test_out_of_memory_says_what_to_lower(
     def oom(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", oom)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", oom)
     result = ncf("train", prepared_dir, "--out", tmp_path / "oom", *SMALL, "-q")
     assert result.exit_code == 1
     assert "--batch-size" in one_error_line(result)
@@ -273,7 +274,7 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
     torch.manual_seed(0)
     ours_w = [torch.randn(7, 3, requires_grad=True), torch.randn(3, requires_grad=True)]
     ref_w = [w.detach().clone().requires_grad_(True) for w in ours_w]
-    ours = train_mod._CpuAdam(ours_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
+    ours = train_optim._CpuAdam(ours_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
     ref = torch.optim.Adam(ref_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
     for step in range(4):
         for opt, ws in ((ours, ours_w), (ref, ref_w)):
@@ -284,7 +285,7 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
         torch.testing.assert_close(a, b)
     # Checkpoints move between CPU (ours) and GPU (torch's) runs: each loads the other's state.
     ref.load_state_dict(ours.state_dict())
-    again = train_mod._CpuAdam(ours_w, lr=0.5, betas=(0.9, 0.9), eps=1.0)
+    again = train_optim._CpuAdam(ours_w, lr=0.5, betas=(0.9, 0.9), eps=1.0)
     again.load_state_dict(ref.state_dict())
     assert again.param_groups[0]["lr"] == 0.01 and float(again.steps[0]) == 4
     torch.testing.assert_close(again.exp_avg_sq[1], ref.state[ref_w[1]]["exp_avg_sq"])
@@ -292,10 +293,10 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
 
 def test_lr_decay_schedules_fall_from_the_lr_to_zero() -> None:
     for kind in ("linear", "cosine"):
-        assert train_mod._decay(kind, 0.0) == pytest.approx(1.0)
-        assert train_mod._decay(kind, 0.5) == pytest.approx(0.5)
-        assert train_mod._decay(kind, 1.0) == pytest.approx(0.0, abs=1e-12)
-    assert train_mod._decay("cosine", 0.25) > train_mod._decay("linear", 0.25)
+        assert train_optim._decay(kind, 0.0) == pytest.approx(1.0)
+        assert train_optim._decay(kind, 0.5) == pytest.approx(0.5)
+        assert train_optim._decay(kind, 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert train_optim._decay("cosine", 0.25) > train_optim._decay("linear", 0.25)
 
 
 def test_lr_decay_run_resumes_exactly(
@@ -308,7 +309,7 @@ def test_lr_decay_run_resumes_exactly(
     real = ctrl_c_in_epoch_2(prepared_dir, 3, monkeypatch)
     part = ncf("train", prepared_dir, "--out", tmp_path / "part", *flags)
     assert part.exit_code == 130
-    monkeypatch.setattr(train_mod.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
     rest = ncf(
         "train", prepared_dir, "--out", tmp_path / "part", "--resume", "--device", "cpu", "-q"
     )
@@ -429,7 +430,7 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
         hr, ndcg = figures[calls.count(split)][split]  # this split's n-th call: epoch n
         return {"hr@10": hr, "ndcg@10": ndcg}
 
-    monkeypatch.setattr(train_mod, "_evaluate", evaluate)
+    monkeypatch.setattr(train_evaluation, "_evaluate", evaluate)
     run = tmp_path / "chosen"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "--json")
     assert result.exit_code == 0, result.output

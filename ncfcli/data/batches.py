@@ -46,7 +46,7 @@ Memory, in bytes per training sample of this rank (n = N / W samples):
                                      on the CPU (1.7 GB), GPU_CHUNK = 2^22 on a GPU (0.42 GB)
 
 plus, resident for the whole run, the positives (8 B each) and the exclusion keys (8 B per
-positive and per user). The next epoch is built while this one trains (train.py: a thread,
+positive and per user). The next epoch is built while this one trains (train/loop.py: a thread,
 and on a GPU a side stream), so two epochs' arrays are alive then; on a GPU CuPy's pool hands
 the build's temporaries back to the device when it ends (Backend.build_stream).
 

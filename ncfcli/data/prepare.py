@@ -53,16 +53,18 @@ import numpy as np
 
 from ncfcli.backend import Backend
 from ncfcli.data import negatives
-from ncfcli.data.xops import group_max, host_int, to_host, unique_inverse
+from ncfcli.data.config import SYNTHETIC, PrepareConfig  # PrepareConfig: imported from here too
+from ncfcli.data.index import dedup_sorted, dense_codes, take
+from ncfcli.data.split import latest_rows, train_age
+from ncfcli.data.split import tie_priority as tie_priority  # imported from here by tests
+from ncfcli.data.xops import host_int, to_host
 from ncfcli.errors import NcfError
 
-SYNTHETIC = "synthetic"
 TIE_RULE = (
     "latest timestamp; items tied at it are ordered by a hash of (user, item, seed), "
     "the highest wins"
 )
 ID_ORDER = "dense ids follow sorted raw ids (numeric, or by code point for strings)"
-SPLITS = ("time", "random")
 SPLIT_RULES = {
     "time": "leave-one-out by time: a user's latest interaction is the test item",
     "random": "leave-one-out at random: a seeded hash of (user, item, seed) picks the test "
@@ -77,64 +79,6 @@ VALIDATION_RULE = (
     f"the split's rule applied again to the rest picks the validation item, for users with "
     f"at least {MIN_FOR_VALIDATION} items; the others have none"
 )
-
-
-@dataclass(frozen=True)
-class PrepareConfig:
-    """Options of `ncf prepare`; the resolved config is saved in meta.json as `options`."""
-
-    source: str  # a dataset name (ml-20m...), a path, or "synthetic"
-    out: str | None = None  # output folder; None means <cache dir>/<source name>
-    seed: int = 0  # seeds the negatives (and the synthetic data)
-    eval_negatives: int = 100  # test negatives per user, drawn without replacement
-    min_interactions: int = 2  # users with fewer distinct items are dropped
-    min_rating: float | None = None  # keep only interactions rated at least this
-    user_col: str | None = None  # user id column (name, or 0-based position without header)
-    item_col: str | None = None  # item id column
-    time_col: str | None = None  # timestamp column; its order decides the test item
-    split: str = "time"  # time (latest is held out) | random (seeded pick, no time needed)
-    validation: bool = True  # also hold out a validation item per user (--no-validation: off)
-    rating_col: str | None = None  # rating column (for --min-rating)
-    sep: str | None = None  # column separator of a CSV/TSV; sniffed when None
-    users: int | None = None  # synthetic: number of users
-    items: int | None = None  # synthetic: number of items
-    interactions: int | None = None  # synthetic: number of raw interactions
-    preset: str | None = None  # synthetic: a shape preset (ml-100k, ml-1m, ml-20m)
-    cache_dir: str | None = None  # downloads and default outputs; env NCF_CACHE_DIR
-    overwrite: bool = False  # replace an earlier prepared dataset at `out`
-
-    def validate(self) -> None:
-        if not self.source:
-            raise NcfError("SOURCE must name a dataset, a path or 'synthetic'")
-        if self.eval_negatives < 1:
-            raise NcfError(f"--eval-negatives must be >= 1, got {self.eval_negatives}")
-        if self.min_interactions < 1:
-            raise NcfError(f"--min-interactions must be >= 1, got {self.min_interactions}")
-        if self.seed < 0:
-            raise NcfError(f"--seed must be >= 0, got {self.seed}")
-        if self.split not in SPLITS:
-            raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {self.split!r}")
-        if self.split == "random" and self.time_col is not None:
-            raise NcfError("--time-col does not apply to --split random, which ignores time")
-        synthetic_flags = {"--users": self.users, "--items": self.items,
-                           "--interactions": self.interactions, "--preset": self.preset}  # fmt: skip
-        if self.source != SYNTHETIC:
-            given = [k for k, v in synthetic_flags.items() if v is not None]
-            if given:
-                raise NcfError(f"{', '.join(given)} only apply to SOURCE synthetic")
-        else:
-            given = [k for k, v in {"--user-col": self.user_col, "--item-col": self.item_col,
-                                    "--time-col": self.time_col, "--rating-col": self.rating_col,
-                                    "--sep": self.sep}.items() if v is not None]  # fmt: skip
-            if given:
-                raise NcfError(f"{', '.join(given)} do not apply to SOURCE synthetic")
-
-    def options(self) -> dict[str, Any]:
-        """What shapes the content; not where it is read from or written to."""
-        d = asdict(self)
-        for k in ("source", "out", "cache_dir", "overwrite"):
-            d.pop(k)
-        return d
 
 
 def source_name(config: PrepareConfig) -> str:
@@ -239,157 +183,9 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
     return raw.read_path(config.source, backend, cols, need_rating, need_time=need_time)
 
 
-# ---- the array work -----------------------------------------------------------------------------
-
-
-def _take(values: Any, mask: Any, backend: Backend) -> Any:
-    """Filter a backend array or a host pyarrow array by a backend boolean mask."""
-    if isinstance(values, backend.xp.ndarray):
-        return values[mask]
-    import pyarrow as pa
-
-    return values.filter(pa.array(backend.to_numpy(mask)))
-
-
-def _dense_codes(values: Any, backend: Backend) -> tuple[Any, Any]:
-    """(int64 codes on the backend, host raw ids in code order): ids ranked by sorted value."""
-    xp = backend.xp
-    if not isinstance(values, xp.ndarray):  # strings: rank on the host with Arrow
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        uniques = pc.unique(values)
-        uniques = uniques.take(pc.sort_indices(uniques))
-        codes = pc.index_in(values, value_set=uniques).to_numpy(zero_copy_only=False)
-        return backend.asarray(codes.astype(np.int64)), uniques.cast(pa.string()).to_numpy(
-            zero_copy_only=False
-        )
-    lo, hi = host_int(values.min(), xp), host_int(values.max(), xp)
-    span = hi - lo + 1
-    if span <= max(4 * len(values), 1 << 22) and span <= 1 << 28:
-        # Integer ids in a compact range: a presence table ranks them without a sort.
-        base = 0 if 0 <= lo and hi < 2 * span else lo  # MovieLens ids start near 1: no shift
-        shifted = values - values.dtype.type(base) if base else values
-        present = xp.bincount(shifted, minlength=hi - base + 1) > 0
-        rank = xp.cumsum(present) - 1
-        uniques = xp.nonzero(present)[0] + base
-        return rank[shifted], backend.to_numpy(uniques).astype(np.int64)
-    uniques, codes = unique_inverse(values, xp)
-    return codes, backend.to_numpy(uniques).astype(np.int64)
-
-
-def _dedup_sorted(key: Any, ts: Any, n_keys: int, xp: Any) -> tuple[Any, Any]:
-    """Unique keys ascending, each with its latest timestamp (one sort)."""
-    t_min = host_int(ts.min(), xp)
-    t_bits = max(1, host_int(ts.max(), xp) - t_min).bit_length()
-    k_bits = max(1, n_keys - 1).bit_length()
-    if k_bits + t_bits <= 63:
-        # In place: the caller hands over key and ts, and 20M-row temporaries cost seconds.
-        packed = key
-        packed <<= t_bits
-        packed |= ts - t_min  # ts may be a read-only view of Arrow memory
-        packed.sort()
-        keys = packed >> t_bits
-        last = xp.ones(len(keys), dtype=bool)
-        last[:-1] = keys[1:] != keys[:-1]
-        if not host_int(last.all(), xp):  # real data rarely repeats a pair: skip two copies then
-            keys = keys[last]
-            packed = packed[last]
-        del last
-        packed &= (1 << t_bits) - 1
-        packed += t_min
-        return keys, packed
-    # Times too wide to pack: sort keys, then take each run's latest time with a scatter-max.
-    order = xp.argsort(key)
-    keys = key[order]
-    stamps = ts[order]
-    del order
-    start = xp.ones(len(keys), dtype=bool)
-    start[1:] = keys[1:] != keys[:-1]
-    run = xp.cumsum(start) - 1
-    return keys[start], group_max(stamps, run, host_int(run[-1], xp) + 1, xp)
-
-
-def tie_priority(users: Any, items: Any, n_items: int, seed: int, xp: Any) -> Any:
-    """int64 >= 0 per (user, item): a splitmix64 hash of the pair's key, salted by the seed.
-
-    Pure integer arithmetic (wrapping uint64), so NumPy and CuPy give identical values.
-    """
-    mask = (1 << 64) - 1
-    salt = (seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & mask
-    x = users.astype(xp.uint64) * xp.uint64(n_items) + items.astype(xp.uint64)
-    x += xp.uint64(salt)
-    x ^= x >> xp.uint64(30)
-    x *= xp.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> xp.uint64(27)
-    x *= xp.uint64(0x94D049BB133111EB)
-    x ^= x >> xp.uint64(31)
-    return (x >> xp.uint64(1)).astype(xp.int64)
-
-
-def _latest_rows(
-    users: Any, items: Any, stamps: Any, n_users: int, n_items: int, seed: int, xp: Any
-) -> Any:
-    """Row index of each present user's latest interaction, ties broken by `tie_priority`.
-
-    Rows are sorted by (user, item); the result is ascending (one row per user that has any).
-    """
-    if len(users) == 0:
-        return xp.zeros(0, dtype=xp.int64)
-    latest = group_max(stamps, users, n_users, xp)
-    at_latest = xp.nonzero(stamps == latest[users])[0]
-    del latest
-    owner = users[at_latest]
-    prio = tie_priority(owner, items[at_latest], n_items, seed, xp)
-    best = group_max(prio, owner, n_users, xp)
-    winners = prio == best[owner]
-    at_latest, owner = at_latest[winners], owner[winners]
-    del prio, best, winners
-    last = xp.ones(len(at_latest), dtype=bool)
-    last[:-1] = owner[1:] != owner[:-1]
-    # Equal priorities (a 63-bit hash collision) fall back to the largest item id.
-    return at_latest[last]
-
-
-def _train_age(users: Any, stamps: Any, n_users: int, xp: Any) -> Any:
-    """int32 per training positive: how many of its user's training positives are later (0: the
-    latest). Rows are sorted by (user, item) and the sort is stable, so of two positives with
-    equal times the smaller item id counts as the later (the same on NumPy and CuPy).
-
-    One stable sort of (user, time reversed) packed into int64, as in _dedup_sorted; times too
-    wide to pack (they never are for seconds since 1970) take a stable lexsort of the two.
-    """
-    n = len(users)
-    if n == 0:
-        return xp.zeros(0, dtype=xp.int32)
-    t_max = stamps.max()
-    t_bits = max(1, host_int(t_max - stamps.min(), xp)).bit_length()
-    u_bits = max(1, n_users - 1).bit_length()
-    later_first = t_max - stamps  # 0 for the latest; reversed so ascending sorts latest first
-    if u_bits + t_bits <= 63:
-        key = users.astype(xp.int64)
-        key <<= t_bits
-        key |= later_first
-        order = xp.argsort(key, kind="stable")
-        del key
-    else:
-        order = xp.lexsort(xp.stack([later_first, users.astype(xp.int64)]))
-    del later_first
-    counts = xp.bincount(users, minlength=n_users)
-    start = xp.cumsum(counts) - counts
-    rank = xp.arange(n, dtype=xp.int64) - start[users[order]]
-    age = xp.empty(n, dtype=xp.int32)
-    age[order] = rank.astype(xp.int32)
-    return age
-
-
 def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
             quiet: bool = False) -> dict[str, Any]:  # fmt: skip
     """Read, filter, split and write a prepared dataset; returns its meta (plus `out`)."""
-    from ncfcli import __version__
-    from ncfcli.data.dataset import write_prepared
-    from ncfcli.data.sources import save_titles
-
     config.validate()
     stage = _Stages(progress)
     xp = backend.xp
@@ -401,7 +197,71 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         _ = backend.frame_library
     _ = xp.zeros(1)
     t0 = time.perf_counter()
+    pos = _read_and_index(config, backend, stage, quiet)
+    with stage("leave-one-out split") as note:
+        split = _split(config, pos, xp)
+        done = f"{len(split.train_users):,} train, {pos.n_users:,} test"
+        if config.validation:
+            done += f", {len(split.valid_users):,} validation"
+        note["done"] = done
+    with stage("test negatives") as note:
+        _draw_negatives(config, pos, split, xp)
+        note["done"] = f"{pos.n_users:,} x {config.eval_negatives}"
+    with stage("write") as note:
+        meta = _write(config, out, backend, pos, split)
+        note["done"] = out.name
+    meta = dict(meta)
+    meta["out"] = str(out)
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+    return meta
 
+
+@dataclass
+class _Positives:
+    """The deduplicated positives with dense ids, sorted by (user, item), handed from step to
+    step. A step sets an array no later step reads to None, so it is freed where it always
+    was: at ml-20m's size each is 80 to 160 MB of device memory."""
+
+    users: Any  # int32 [n]: dense user ids
+    items: Any  # int32 [n]: dense item ids
+    stamps: Any  # [n]: each pair's latest timestamp
+    user_ids: Any  # host [n_users]: the raw id of each dense user id
+    item_ids: Any  # host [n_items]
+    source: dict[str, Any]  # where the interactions came from (meta.json's `source`)
+    n_raw: int  # rows read
+    n_low_rating: int  # rows below --min-rating
+    n_duplicates: int  # rows that repeated a (user, item) pair
+    dropped: int = 0  # users with fewer than --min-interactions items
+
+    @property
+    def n_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def n_items(self) -> int:
+        return len(self.item_ids)
+
+
+@dataclass
+class _Split:
+    """The leave-one-out split (backend arrays), then the negatives drawn for it."""
+
+    test_items: Any  # int32 [n_users]
+    train_users: Any  # int32 [n_train], sorted by (user, item)
+    train_items: Any
+    train_age: Any  # int32 [n_train] (--split time), else None
+    valid_users: Any  # int32 [n_valid], or None with --no-validation
+    valid_items: Any
+    n_no_valid: int  # users too small for a validation item
+    test_negatives: Any = None  # [n_users, eval_negatives]
+    valid_negatives: Any = None  # [n_valid, eval_negatives], or None
+
+
+def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
+                    quiet: bool) -> _Positives:  # fmt: skip
+    """The stages read, and filter and index: raw rows to deduplicated positives with dense
+    ids. One function holds the raw columns, so they are freed as soon as they are indexed."""
+    xp = backend.xp
     with stage("read") as note:
         data = _load(config, backend, quiet)
         n_raw = data.n_rows
@@ -410,160 +270,190 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         raise NcfError(f"{config.source} holds no interactions")
 
     with stage("filter and index") as note:
-        user, item, ts = data.user, data.item, data.timestamp
-        n_low_rating = 0
-        if config.min_rating is not None:
-            keep = data.rating >= config.min_rating
-            n_low_rating = n_raw - host_int(keep.sum(), xp)
-            if n_low_rating == n_raw:
-                top = float(to_host(data.rating.max(), xp))
-                raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
-                               f"(the highest rating is {top:g})")  # fmt: skip
-            user, item, ts = _take(user, keep, backend), _take(item, keep, backend), ts[keep]
-            del keep
+        user, item, ts, n_low_rating = _keep_rated(config, data, backend)
         source = data.source
         data = None  # the raw columns are no longer needed once indexed
-        u_code, user_ids = _dense_codes(user, backend)
+        u_code, user_ids = dense_codes(user, backend)
         del user
-        i_code, item_ids = _dense_codes(item, backend)
+        i_code, item_ids = dense_codes(item, backend)
         del item
         n_u, n_i = len(user_ids), len(item_ids)
         key = u_code.astype(xp.int64, copy=False)
         key *= n_i
         key += i_code
         del u_code, i_code
-        keys, stamps = _dedup_sorted(key, ts, n_u * n_i, xp)
+        keys, stamps = dedup_sorted(key, ts, n_u * n_i, xp)
         n_kept_rows = len(key)
         del key, ts
-        n_duplicates = n_kept_rows - len(keys)
         users = (keys // n_i).astype(xp.int32)
         items = (keys - users.astype(xp.int64) * n_i).astype(xp.int32)
-        del keys
-        per_user = xp.bincount(users, minlength=n_u)
-        keep_user = per_user >= config.min_interactions
-        n_keep = host_int(keep_user.sum(), xp)
-        dropped = n_u - n_keep
-        if n_keep == 0:
-            raise NcfError(
-                f"no user has --min-interactions {config.min_interactions} distinct items "
-                f"(the most any user has is {host_int(per_user.max(), xp)})"
-            )
-        if dropped:
-            rows = keep_user[users]
-            users, items, stamps = users[rows], items[rows], stamps[rows]
-            del rows
-            users = (xp.cumsum(keep_user) - 1)[users].astype(xp.int32)
-            present = xp.bincount(items, minlength=n_i) > 0
-            items = (xp.cumsum(present) - 1)[items].astype(xp.int32)
-            user_ids = user_ids[backend.to_numpy(keep_user)]
-            item_ids = item_ids[backend.to_numpy(present)]
-            del present
-        n_users, n_items = len(user_ids), len(item_ids)
-        del per_user, keep_user
+        pos = _Positives(users, items, stamps, user_ids, item_ids, source, n_raw, n_low_rating,
+                         n_kept_rows - len(keys))  # fmt: skip
+        del keys, users, items, stamps
+        _drop_light_users(config, pos, backend)
         # Short enough for 80 columns at ml-20m's size; the summary table counts the dropped.
-        note["done"] = f"{n_users:,} users, {n_items:,} items, {len(users):,} positives"
+        note["done"] = f"{pos.n_users:,} users, {pos.n_items:,} items, {len(pos.users):,} positives"
+    return pos
 
-    with stage("leave-one-out split") as note:
-        test_rows = _latest_rows(users, items, stamps, n_users, n_items, config.seed, xp)
-        test_items = items[test_rows]
-        train = xp.ones(len(users), dtype=bool)
-        train[test_rows] = False
-        del test_rows
-        n_no_valid = 0
-        if config.validation:
-            counts = xp.bincount(users, minlength=n_users)
-            eligible = counts[users] >= MIN_FOR_VALIDATION
-            n_no_valid = n_users - host_int((counts >= MIN_FOR_VALIDATION).sum(), xp)
-            del counts
-            rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
-            del eligible
-            pick = _latest_rows(users[rest], items[rest], stamps[rest], n_users, n_items,
-                                config.seed, xp)  # fmt: skip
-            valid_rows = rest[pick]
-            del rest, pick
-            valid_users, valid_items = users[valid_rows], items[valid_rows]
-            train[valid_rows] = False
-            del valid_rows
-        train_users, train_items = users[train], items[train]
-        train_age = None
-        if config.split == "time":
-            train_age = _train_age(train_users, stamps[train], n_users, xp)
-        del train, stamps
-        done = f"{len(train_users):,} train, {n_users:,} test"
-        if config.validation:
-            done += f", {len(valid_users):,} validation"
-        note["done"] = done
 
-    with stage("test negatives") as note:
-        n_neg = config.eval_negatives
+def _keep_rated(config: PrepareConfig, data: Any, backend: Backend) -> tuple[Any, Any, Any, int]:
+    """(user, item, timestamp) of the rows rated at least --min-rating (all rows without it),
+    and how many rows it dropped."""
+    xp = backend.xp
+    user, item, ts = data.user, data.item, data.timestamp
+    if config.min_rating is None:
+        return user, item, ts, 0
+    n_raw = data.n_rows
+    keep = data.rating >= config.min_rating
+    n_low_rating = n_raw - host_int(keep.sum(), xp)
+    if n_low_rating == n_raw:
+        top = float(to_host(data.rating.max(), xp))
+        raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
+                       f"(the highest rating is {top:g})")  # fmt: skip
+    return take(user, keep, backend), take(item, keep, backend), ts[keep], n_low_rating
+
+
+def _drop_light_users(config: PrepareConfig, pos: _Positives, backend: Backend) -> None:
+    """Drop the users with fewer than --min-interactions items, then re-index users and items
+    densely over what is left (in place; `pos.dropped` counts the users)."""
+    xp = backend.xp
+    n_u, n_i = pos.n_users, pos.n_items
+    per_user = xp.bincount(pos.users, minlength=n_u)
+    keep_user = per_user >= config.min_interactions
+    n_keep = host_int(keep_user.sum(), xp)
+    pos.dropped = n_u - n_keep
+    if n_keep == 0:
+        raise NcfError(
+            f"no user has --min-interactions {config.min_interactions} distinct items "
+            f"(the most any user has is {host_int(per_user.max(), xp)})"
+        )
+    if pos.dropped:
+        rows = keep_user[pos.users]
+        pos.users, pos.items, pos.stamps = pos.users[rows], pos.items[rows], pos.stamps[rows]
+        del rows
+        pos.users = (xp.cumsum(keep_user) - 1)[pos.users].astype(xp.int32)
+        present = xp.bincount(pos.items, minlength=n_i) > 0
+        pos.items = (xp.cumsum(present) - 1)[pos.items].astype(xp.int32)
+        pos.user_ids = pos.user_ids[backend.to_numpy(keep_user)]
+        pos.item_ids = pos.item_ids[backend.to_numpy(present)]
+
+
+def _split(config: PrepareConfig, pos: _Positives, xp: Any) -> _Split:
+    """Leave-one-out: each user's test item, then (with validation) the validation item picked
+    by the same rule from the rest; every other positive is training data. Drops pos.stamps."""
+    users, items, n_users, n_items = pos.users, pos.items, pos.n_users, pos.n_items
+    test_rows = latest_rows(users, items, pos.stamps, n_users, n_items, config.seed, xp)
+    test_items = items[test_rows]
+    train = xp.ones(len(users), dtype=bool)
+    train[test_rows] = False
+    del test_rows
+    n_no_valid = 0
+    valid_users = valid_items = None
+    if config.validation:
         counts = xp.bincount(users, minlength=n_users)
-        worst = host_int(xp.argmax(counts), xp)
-        most = host_int(counts[worst], xp)
-        if n_items - most < n_neg:
-            raw_id = user_ids[worst]
-            raw_id = raw_id.item() if hasattr(raw_id, "item") else raw_id
-            fix = (f"the largest --eval-negatives that works is {n_items - most}"
-                   if n_items - most >= 1 else "no --eval-negatives works for this user")  # fmt: skip
-            raise NcfError(
-                f"user {raw_id!r} has interacted with {most} of the {n_items} items, leaving "
-                f"{n_items - most} to draw --eval-negatives {n_neg} from; {fix}"
-            )
+        eligible = counts[users] >= MIN_FOR_VALIDATION
+        n_no_valid = n_users - host_int((counts >= MIN_FOR_VALIDATION).sum(), xp)
         del counts
-        candidates = negatives.Candidates(users, items, n_items, xp)
-        del users, items
-        test_negatives = candidates.draw(xp.arange(n_users), n_neg, config.seed,
-                                         negatives.TEST_STREAM)  # fmt: skip
-        if config.validation:
-            # Their own stream: the test negatives stay the bytes --no-validation writes.
-            valid_negatives = candidates.draw(valid_users, n_neg, config.seed,
-                                              negatives.VALID_STREAM)  # fmt: skip
-        del candidates
-        note["done"] = f"{n_users:,} x {n_neg}"
+        rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
+        del eligible
+        pick = latest_rows(users[rest], items[rest], pos.stamps[rest], n_users, n_items,
+                            config.seed, xp)  # fmt: skip
+        valid_rows = rest[pick]
+        del rest, pick
+        valid_users, valid_items = users[valid_rows], items[valid_rows]
+        train[valid_rows] = False
+        del valid_rows
+    train_users, train_items = users[train], items[train]
+    age = None
+    if config.split == "time":
+        age = train_age(train_users, pos.stamps[train], n_users, xp)
+    del train
+    pos.stamps = None
+    return _Split(test_items, train_users, train_items, age, valid_users, valid_items,
+                  n_no_valid)  # fmt: skip
 
-    with stage("write") as note:
-        arrays = {
-            "train_users": backend.to_numpy(train_users),
-            "train_items": backend.to_numpy(train_items),
-            "test_items": backend.to_numpy(test_items),
-            "test_negatives": backend.to_numpy(test_negatives),
-        }
-        if train_age is not None:
-            arrays["train_age"] = backend.to_numpy(train_age)
-        if config.validation:
-            arrays["valid_users"] = backend.to_numpy(valid_users)
-            arrays["valid_items"] = backend.to_numpy(valid_items)
-            arrays["valid_negatives"] = backend.to_numpy(valid_negatives)
-        meta = {
-            "n_users": n_users,
-            "n_items": n_items,
-            "n_train": int(len(arrays["train_users"])),
-            "n_test": n_users,
-            "n_valid": int(len(arrays["valid_users"])) if config.validation else 0,
-            "n_users_without_validation": n_no_valid,
-            "split": config.split,
-            "split_rule": SPLIT_RULES[config.split],
-            "validation_rule": VALIDATION_RULE if config.validation else None,
-            "validation": config.validation,
-            "eval_negatives": n_neg,
-            "seed": config.seed,
-            "source": source,
-            "options": config.options(),
-            "backend": backend.name,
-            "dropped_users": dropped,
-            "n_raw_rows": n_raw,
-            "n_below_min_rating": n_low_rating,
-            "n_duplicates": n_duplicates,
-            "tie_rule": TIE_RULE,
-            "id_order": ID_ORDER,
-            "negatives": NEGATIVES_RULE,
-            "ncfcli_version": __version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        check_out(config, out)  # again: the folder may have changed while we worked
-        meta = write_prepared(out, arrays, user_ids, item_ids, meta)
-        save_titles(out, source, item_ids)  # optional: MovieLens titles for `ncf recommend`
-        note["done"] = out.name
-    meta = dict(meta)
-    meta["out"] = str(out)
-    meta["seconds"] = round(time.perf_counter() - t0, 3)
+
+def _draw_negatives(config: PrepareConfig, pos: _Positives, split: _Split, xp: Any) -> None:
+    """`--eval-negatives` test negatives per user, then as many per validation user from their
+    own stream, into `split`; refuses a user who leaves too few items to draw from. Drops
+    pos.users and pos.items."""
+    n_neg, n_users, n_items = config.eval_negatives, pos.n_users, pos.n_items
+    counts = xp.bincount(pos.users, minlength=n_users)
+    worst = host_int(xp.argmax(counts), xp)
+    most = host_int(counts[worst], xp)
+    if n_items - most < n_neg:
+        raw_id = pos.user_ids[worst]
+        raw_id = raw_id.item() if hasattr(raw_id, "item") else raw_id
+        fix = (f"the largest --eval-negatives that works is {n_items - most}"
+               if n_items - most >= 1 else "no --eval-negatives works for this user")  # fmt: skip
+        raise NcfError(
+            f"user {raw_id!r} has interacted with {most} of the {n_items} items, leaving "
+            f"{n_items - most} to draw --eval-negatives {n_neg} from; {fix}"
+        )
+    del counts
+    candidates = negatives.Candidates(pos.users, pos.items, n_items, xp)
+    pos.users = pos.items = None
+    split.test_negatives = candidates.draw(xp.arange(n_users), n_neg, config.seed,
+                                           negatives.TEST_STREAM)  # fmt: skip
+    if config.validation:
+        # Their own stream: the test negatives stay the bytes --no-validation writes.
+        split.valid_negatives = candidates.draw(split.valid_users, n_neg, config.seed,
+                                                negatives.VALID_STREAM)  # fmt: skip
+
+
+def _write(config: PrepareConfig, out: Path, backend: Backend, pos: _Positives,
+           split: _Split) -> dict[str, Any]:  # fmt: skip
+    """The arrays on the host, meta.json's keys, then the dataset directory, atomically."""
+    from ncfcli.data.dataset import write_prepared
+    from ncfcli.data.sources import save_titles
+
+    arrays = {
+        "train_users": backend.to_numpy(split.train_users),
+        "train_items": backend.to_numpy(split.train_items),
+        "test_items": backend.to_numpy(split.test_items),
+        "test_negatives": backend.to_numpy(split.test_negatives),
+    }
+    if split.train_age is not None:
+        arrays["train_age"] = backend.to_numpy(split.train_age)
+    if config.validation:
+        arrays["valid_users"] = backend.to_numpy(split.valid_users)
+        arrays["valid_items"] = backend.to_numpy(split.valid_items)
+        arrays["valid_negatives"] = backend.to_numpy(split.valid_negatives)
+    meta = _meta(config, backend, pos, split, arrays)
+    check_out(config, out)  # again: the folder may have changed while we worked
+    meta = write_prepared(out, arrays, pos.user_ids, pos.item_ids, meta)
+    save_titles(out, pos.source, pos.item_ids)  # optional: MovieLens titles for `ncf recommend`
     return meta
+
+
+def _meta(config: PrepareConfig, backend: Backend, pos: _Positives, split: _Split,
+          arrays: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """meta.json's descriptive keys (write_prepared adds the format, checksums, fingerprint)."""
+    from ncfcli import __version__
+
+    return {
+        "n_users": pos.n_users,
+        "n_items": pos.n_items,
+        "n_train": int(len(arrays["train_users"])),
+        "n_test": pos.n_users,
+        "n_valid": int(len(arrays["valid_users"])) if config.validation else 0,
+        "n_users_without_validation": split.n_no_valid,
+        "split": config.split,
+        "split_rule": SPLIT_RULES[config.split],
+        "validation_rule": VALIDATION_RULE if config.validation else None,
+        "validation": config.validation,
+        "eval_negatives": config.eval_negatives,
+        "seed": config.seed,
+        "source": pos.source,
+        "options": config.options(),
+        "backend": backend.name,
+        "dropped_users": pos.dropped,
+        "n_raw_rows": pos.n_raw,
+        "n_below_min_rating": pos.n_low_rating,
+        "n_duplicates": pos.n_duplicates,
+        "tie_rule": TIE_RULE,
+        "id_order": ID_ORDER,
+        "negatives": NEGATIVES_RULE,
+        "ncfcli_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

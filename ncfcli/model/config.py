@@ -1,0 +1,65 @@
+"""The model's architecture, saved inside every checkpoint:
+`python -c "from ncfcli.model import ModelConfig; print(ModelConfig(n_users=3, n_items=4))"`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("neumf", "gmf", "mlp", "mf")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture; saved inside every checkpoint so no flag is typed twice."""
+
+    kind: str = "neumf"  # neumf | gmf | mlp | mf
+    n_users: int = 0  # rows of the user tables (dense ids 0..n_users-1)
+    n_items: int = 0  # rows of the item tables
+    factors: int = 64  # GMF / MF embedding width
+    layers: tuple[int, ...] = field(
+        default=(256, 256, 128, 64)
+    )  # MLP sizes; layers[0] = 2 x MLP embedding
+    dropout: float = 0.5  # dropout after each MLP hidden layer
+    order_factors: int = 0  # width of the order term's tables (0: no order term)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"--model must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.n_users < 1 or self.n_items < 1:
+            raise ValueError("a model needs at least one user and one item")
+        if self.kind in ("neumf", "gmf", "mf") and self.factors < 1:
+            raise ValueError(f"--factors must be >= 1, got {self.factors}")
+        if self.kind in ("neumf", "mlp"):
+            if len(self.layers) < 1 or any(n < 1 for n in self.layers):
+                raise ValueError(f"--layers must be positive sizes, got {list(self.layers)}")
+            if self.layers[0] % 2:
+                raise ValueError(f"--layers: the first size must be even, got {self.layers[0]}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.order_factors < 0:
+            raise ValueError(f"--order-factors must be >= 0, got {self.order_factors}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layers"] = list(self.layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        d = dict(d)
+        if "layers" in d:
+            d["layers"] = tuple(int(x) for x in d["layers"])
+        return cls(**d)
+
+    @property
+    def uses_gmf(self) -> bool:
+        return self.kind in ("neumf", "gmf", "mf")
+
+    @property
+    def uses_mlp(self) -> bool:
+        return self.kind in ("neumf", "mlp")
+
+    @property
+    def uses_order(self) -> bool:
+        return self.order_factors > 0

@@ -1,0 +1,237 @@
+"""NeuMF and the other kinds, composed of the towers: `python -m pytest tests/test_model.py`.
+
+NeuMF (He et al., 2017, section 3.4) joins the two towers with one linear head h:
+
+    phi_GMF = p_u^G ⊙ q_i^G                                   (ncfcli/model/gmf.py)
+    phi_MLP = phi_L(...phi_2([p_u^M; q_i^M])...)               (ncfcli/model/mlp.py)
+    y_hat   = sigmoid(h^T [phi_GMF; phi_MLP] + c)              (eq. 12; c: the head's bias)
+
+each tower with its own user and item tables. `gmf` and `mlp` are one tower with its own head;
+`mf` is <p_u, q_i> + b_u + b_i + b (ncfcli/model/bias.py). Any kind may add the order term
+<P[prev], Q[item]> (ncfcli/model/order.py).
+
+The NCF model owns every table and layer under the names its checkpoints have always used
+(`user_gmf`, `item_gmf`, `user_mlp`, `item_mlp`, `prev_item`, `next_item`, `mlp_in`, `mlp`,
+`head`, `user_bias`, `item_bias`, `global_bias`), and creates them in the same order, so the
+state_dict keys and a seed's weights are those of every earlier version. The towers are
+modules without parameters that read those tables (ncfcli/model/layers.borrow).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ncfcli.model.bias import Biases, bias_tables
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.gmf import GMF
+from ncfcli.model.layers import SplitLinear, lecun_uniform_, row_sq_sum, table
+from ncfcli.model.mlp import MLP, mlp_layers
+from ncfcli.model.order import Order
+
+
+class NCF(nn.Module):
+    """One class for all four kinds; the kind decides which towers exist.
+
+    forward(users [B], items [B], prev [B] with an order term) -> logits [B] float32;
+    score_all(users [U], prev [U] with an order term) -> logits [U, n_items].
+    """
+
+    gmf_tower: GMF | None
+    mlp_tower: MLP | None
+    order_term: Order | None
+    biases: Biases | None
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.mf_dim = cfg.factors if cfg.uses_gmf else 0
+        self.mlp_dim = cfg.layers[0] // 2 if cfg.uses_mlp else 0
+        # Created in this order, the order of the random draws. Tables: N(0, 0.01) as NVIDIA's;
+        # None where the kind has no such tower.
+        self.user_gmf = table(cfg.n_users, self.mf_dim)  # P^G [n_users, factors]
+        self.item_gmf = table(cfg.n_items, self.mf_dim)  # Q^G [n_items, factors]
+        self.user_mlp = table(cfg.n_users, self.mlp_dim)  # P^M [n_users, layers[0] // 2]
+        self.item_mlp = table(cfg.n_items, self.mlp_dim)  # Q^M [n_items, layers[0] // 2]
+        # The order term: P (one row per previous item, the last for "none") and Q.
+        self.prev_item = table(cfg.n_items + 1, cfg.order_factors)
+        self.next_item = table(cfg.n_items, cfg.order_factors)
+        self.mlp_in: SplitLinear | None = None
+        if cfg.uses_mlp:
+            self.mlp_in, self.mlp = mlp_layers(cfg.layers, cfg.dropout)
+        else:
+            self.mlp = nn.Sequential()
+        self.head: SplitLinear | None = None
+        if cfg.kind == "mf":
+            # MF scores with a plain dot product; biases model popularity and user activity.
+            self.user_bias, self.item_bias, self.global_bias = bias_tables(cfg.n_users, cfg.n_items)
+        else:
+            self.head = SplitLinear(self._head_sizes(), 1, lecun_uniform_)
+        self._towers()
+
+    def _towers(self) -> None:
+        """The towers, reading the tables and layers above; None where the kind has none."""
+        self.gmf_tower = self.mlp_tower = self.order_term = self.biases = None
+        if self.user_gmf is not None and self.item_gmf is not None:
+            self.gmf_tower = GMF(self.user_gmf, self.item_gmf)
+        if self.user_mlp is not None and self.item_mlp is not None:
+            self.mlp_tower = MLP(self.user_mlp, self.item_mlp, self.mlp_in, self.mlp,
+                                 self.cfg.dropout)  # fmt: skip
+        if self.prev_item is not None and self.next_item is not None:
+            self.order_term = Order(self.prev_item, self.next_item)
+        if self.cfg.kind == "mf":
+            self.biases = Biases(self.user_bias, self.item_bias)
+
+    def _head_sizes(self) -> tuple[int, ...]:
+        """The widths of the head's input blocks: GMF's factors, then the MLP's last size (or
+        its two embeddings, with one size)."""
+        sizes: tuple[int, ...] = (self.mf_dim,) if self.mf_dim else ()
+        if self.mlp_dim:
+            layers = self.cfg.layers
+            sizes += (layers[-1],) if len(layers) > 1 else (self.mlp_dim, self.mlp_dim)
+        return sizes
+
+    @torch.no_grad()
+    def load_towers(self, gmf: NCF | None, mlp: NCF | None, alpha: float = 0.5) -> None:
+        """Start a NeuMF from trained GMF and/or MLP models (He et al., 2017, section 3.4.1):
+        each tower's tables and layers are copied, and the head is the two heads side by side,
+        weighed alpha and 1 - alpha (eq. 13: h <- [alpha h^GMF; (1 - alpha) h^MLP]), so before
+        training the NeuMF logit is alpha x the GMF logit + (1 - alpha) x the MLP logit. A tower
+        not given keeps its random start."""
+        if self.cfg.kind != "neumf":
+            raise ValueError(f"pretrained towers start a --model neumf, not {self.cfg.kind}")
+        assert self.head is not None
+        blocks = list(self.head.weights)
+        bias = torch.zeros_like(self.head.bias)
+        own = 0.0  # the share of the head's bias left to a tower not given
+        for other, kind, share in ((gmf, "gmf", alpha), (mlp, "mlp", 1.0 - alpha)):
+            if other is None:
+                own += share
+                continue
+            self._check_tower(other, kind)
+            self._copy_tower(other, kind)
+            assert other.head is not None
+            first = 0 if kind == "gmf" else 1  # a NeuMF head reads GMF's block, then MLP's
+            for k, w in enumerate(other.head.weights):
+                blocks[first + k].copy_(share * w)
+            bias += share * other.head.bias
+        self.head.bias.copy_(bias + own * self.head.bias)
+
+    def _check_tower(self, other: NCF, kind: str) -> None:
+        """Refuse a pretrained `kind` model whose shape is not this NeuMF's tower."""
+        got, shape = other.cfg, (self.cfg.n_users, self.cfg.n_items)
+        if got.kind != kind:
+            raise ValueError(f"the pretrained {kind.upper()} is a --model {got.kind} run")
+        if (got.n_users, got.n_items) != shape:
+            raise ValueError(f"the pretrained {kind.upper()} has {got.n_users} users and "
+                             f"{got.n_items} items, this model {shape[0]} and {shape[1]}")  # fmt: skip
+        if kind == "gmf" and got.factors != self.cfg.factors:
+            raise ValueError(f"the pretrained GMF has --factors {got.factors}, this model "
+                             f"{self.cfg.factors}")  # fmt: skip
+        if kind == "mlp" and got.layers != self.cfg.layers:
+            raise ValueError(f"the pretrained MLP has --layers {list(got.layers)}, this "
+                             f"model {list(self.cfg.layers)}")  # fmt: skip
+
+    def _copy_tower(self, other: NCF, kind: str) -> None:
+        """Copy a checked pretrained model's tables (and the MLP's layers) into this one's."""
+        mine = ["user_gmf", "item_gmf"] if kind == "gmf" else ["user_mlp", "item_mlp"]
+        for name in mine:
+            getattr(self, name).weight.copy_(getattr(other, name).weight)
+        if kind == "mlp" and self.mlp_in is not None and other.mlp_in is not None:
+            self.mlp_in.load_state_dict(other.mlp_in.state_dict())
+            linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
+            theirs = [m for m in other.mlp if isinstance(m, nn.Linear)]
+            for a, b in zip(linears, theirs, strict=True):
+                a.load_state_dict(b.state_dict())
+
+    def row_sq_sum(
+        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Sum of squares of the embedding rows that (users [B], items [B], prev [B]) read
+        -> [] float."""
+        total = users.new_zeros((), dtype=torch.float32)
+        for tab, ids in ((self.user_gmf, users), (self.item_gmf, items),
+                         (self.user_mlp, users), (self.item_mlp, items),
+                         (self.prev_item, prev), (self.next_item, items)):  # fmt: skip
+            if tab is not None and ids is not None:
+                total = total + row_sq_sum(tab.weight, ids, self.training)
+        return total
+
+    def _check_prev(self, prev: torch.Tensor | None) -> torch.Tensor | None:
+        if (prev is not None) != self.cfg.uses_order:
+            raise ValueError("a model with an order term scores (user, item, previous item); "
+                             "one without it (user, item)" if prev is None else
+                             "this model has no order term: it takes no previous item")  # fmt: skip
+        return prev
+
+    def forward(
+        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """users [B], items [B] (int32/int64), and prev [B] for a model with an order term
+        -> logits [B]."""
+        prev = self._check_prev(prev)
+        if self.training:
+            users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
+            prev = prev.long() if prev is not None else None
+        out = self._pair(users, items)
+        if prev is None:
+            return out
+        assert self.order_term is not None
+        return out + self.order_term(items, prev)
+
+    def _pair(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """The (user, item) logit [B], without the order term."""
+        if self.biases is not None:  # mf: <p_u, q_i> + b_u + b_i + b
+            assert self.gmf_tower is not None
+            dot = self.gmf_tower.dot(users, items)
+            return self.biases(dot, users, items, self.global_bias)
+        parts: list[torch.Tensor] = []
+        if self.gmf_tower is not None:
+            parts.append(self.gmf_tower(users, items))  # [B, factors]
+        if self.mlp_tower is not None:
+            parts += self.mlp_tower(users, items)  # [B, layers[-1]] (or two [B, D])
+        assert self.head is not None
+        return self.head(*parts)[:, 0]
+
+    def score_all(self, users: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+        """users [U] (and prev [U], each user's previous item, for a model with an order term)
+        -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the
+        towers factored so ranking the catalogue costs less.
+
+        GMF's head term sum_f h_f u_f i_f is the matrix product (u ⊙ h) @ items^T, MF is a dot
+        product plus biases, and the MLP's first layer is applied once per user and once per
+        item (W [u; i] = W_u u + W_i i) before the per-pair layers. Same maths as forward();
+        floats may differ in the last bits (another summation order). Call in eval mode.
+        """
+        prev = self._check_prev(prev)
+        out = self._score_pairs(users.long())
+        if prev is None:
+            return out
+        assert self.order_term is not None
+        return self.order_term.add_scores(out, prev)
+
+    def _score_pairs(self, users: torch.Tensor) -> torch.Tensor:
+        """users [U] -> the (user, item) logits [U, n_items], without the order term."""
+        if self.biases is not None:
+            assert self.gmf_tower is not None
+            return self.biases.add_scores(self.gmf_tower.dot_all(users), users, self.global_bias)
+        assert self.head is not None
+        blocks = list(self.head.weights)  # [1, width] per input, GMF's first
+        out = self.head.bias.view(1, 1).expand(users.shape[0], self.cfg.n_items)
+        if self.gmf_tower is not None:
+            out = self.gmf_tower.add_scores(out, users, blocks.pop(0))
+        if self.mlp_tower is not None:
+            out = self.mlp_tower.add_scores(out, users, blocks)
+        return out
+
+
+def build_model(cfg: ModelConfig | dict[str, Any]) -> NCF:
+    if isinstance(cfg, dict):
+        cfg = ModelConfig.from_dict(cfg)
+    return NCF(cfg)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,357 @@
+"""Train an NCF model on a prepared dataset: `ncf train DATA_DIR [--out RUN_DIR]`.
+
+`_train` below is the whole recipe, top to bottom: the run's start (start.py: resumed or new,
+the resolved options, the model and Adam, the data on the device), the run directory (run.py),
+then per epoch: fresh negatives (ncfcli.data.batches), the steps (`_steps`; optim.py computes
+each), HR@10 and NDCG@10 on the validation and test sets (evaluation.py), and a checkpoint.
+Nothing hides in callbacks. `train` around it sets up the device and the process group.
+
+The next epoch's samples are built on a second thread while the current one trains (on a GPU,
+on a CUDA stream of its own). A first Ctrl-C stops after the current step and saves it in
+last.pt (`--resume` continues it from there); the loss is read a few times an epoch, and a
+non-finite one stops the run.
+
+Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
+every optimizer step and stop if they differ.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import signal
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ncfcli import baselines
+from ncfcli import checkpoint as ckpt
+from ncfcli import distributed as dist_env
+from ncfcli.backend import Backend, get_backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import load_prepared
+from ncfcli.distributed import DistEnv
+from ncfcli.errors import NcfError
+from ncfcli.logs import RunLog
+from ncfcli.train import evaluation
+from ncfcli.train.baselines import _fit_baseline
+from ncfcli.train.config import TrainConfig
+from ncfcli.train.device import _is_oom, _tf32_restored
+from ncfcli.train.optim import _seed_dropout, _seed_for, _step_gradients, lr_at
+from ncfcli.train.refit import _refit_settings
+from ncfcli.train.run import (
+    TrainResult,
+    _save_curves,
+    default_run_dir,
+    open_run_dir,
+    save_epoch,
+    save_interrupted,
+)
+from ncfcli.train.start import Session, start
+
+LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
+
+
+def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) -> TrainResult:
+    """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress)."""
+    t_start = time.perf_counter()
+    env = env or dist_env.env_from_environ()
+    backend = get_backend(cfg.device, env.local_rank)
+    dist_env.init(env, backend.torch_device)
+    threads = torch.get_num_threads()  # _train may lower it for small CPU batches
+    try:
+        with _tf32_restored():
+            result = _train(cfg, progress, env, backend, t_start)
+        # Every rank reaches the teardown together: a rank that destroys its group while rank 0
+        # still writes the run's files can die at exit in gloo's C++ side (SIGABRT, 1 run in 2).
+        dist_env.barrier(env)
+        return result
+    except Exception as e:
+        if _is_oom(e):
+            raise NcfError(
+                f"out of GPU memory on {backend.torch_device}: add --micro-batch (the same steps in "
+                "less memory), lower --batch-size, --eval-batch or the model (--factors, --layers), or add --amp"
+            ) from None
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        dist_env.shutdown(env)
+
+
+@dataclass
+class _Totals:
+    """This invocation's training, over its epochs."""
+
+    seconds: float = 0.0
+    samples: int = 0
+    trained: int = 0  # epochs
+    stopped_early: bool = False
+
+
+def _train(
+    cfg: TrainConfig, progress: Any, env: DistEnv, backend: Backend, t_start: float
+) -> TrainResult:
+    """The run, top to bottom: the dataset (with a --refit's settings and validation merged
+    in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
+    each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs or
+    --target-hr."""
+    data = load_prepared(cfg.data_dir, backend)
+    run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
+    if cfg.refit is not None and not cfg.resume:
+        cfg = _refit_settings(cfg, data, env.world_size)
+        data = data.merge_validation(backend.xp)
+    if cfg.model in baselines.KINDS:
+        return _fit_baseline(cfg, data, env, backend, run_dir, t_start)
+    s = start(cfg, data, env, backend, run_dir)  # the resolved options, model, Adam, data
+    cfg = s.cfg
+    assert cfg.epochs is not None
+    run_log = open_run_dir(s, progress)
+    check_sync = env.enabled and os.environ.get("NCF_CHECK_SYNC") == "1"
+    totals = _Totals()
+    s.ddp.train()
+    builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
+    upcoming: Future[Any] | None = None
+    with (
+        _Interrupt() as interrupt,
+        progress if progress is not None else _NullProgress() as bar,
+        builder,
+        run_log,
+    ):
+        for epoch in range(s.done + 1, cfg.epochs + 1):
+            backend.synchronize_stream()  # not the side stream building the next epoch
+            t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
+            batches = (
+                upcoming.result() if upcoming else _build_epoch(s.sampler, epoch, s.local_batch)
+            )
+            if epoch < cfg.epochs:
+                upcoming = builder.submit(_build_epoch, s.sampler, epoch + 1, s.local_batch)
+            ep = _steps(s, batches, epoch, bar, interrupt, check_sync)
+            backend.synchronize_stream()
+            seconds = time.perf_counter() - t0
+            totals.seconds += seconds
+            done_samples = (ep.n_steps - ep.first) * s.local_batch * env.world_size
+            totals.samples += min(done_samples, ep.global_samples)
+            loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
+            metrics = _end_epoch(s, epoch, ep, loss_total / max(n_seen, 1.0), seconds, run_log, bar)
+            totals.trained += 1
+            del batches  # its views keep the epoch's arrays alive
+            if cfg.target_hr is not None and metrics["hr@10"] >= cfg.target_hr:
+                totals.stopped_early = epoch < cfg.epochs
+                break
+
+    if env.is_main and s.history:
+        _save_curves(run_dir / ckpt.CURVES, s.history)
+    return _result(s, totals, t_start)
+
+
+@dataclass
+class _Epoch:
+    """One epoch's steps, as `_train` reads them back."""
+
+    task: Any  # the progress bar's
+    n_steps: int
+    first: int  # the step it started from: > 0 in a run resumed mid-epoch
+    global_samples: int
+    acc: torch.Tensor  # loss sum, samples, stop flag: on the device, read a few times an epoch
+    carried: torch.Tensor  # the loss sums of the steps before `first`
+    lr_first: float | None = None  # the lr of its first step and of its last
+    lr_now: float | None = None
+
+
+def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
+    with sampler.backend.build_stream():
+        return sampler.epoch(epoch, batch_size)
+
+
+def _steps(
+    s: Session, batches: Any, epoch: int, bar: Any, interrupt: _Interrupt, check_sync: bool
+) -> _Epoch:
+    """One epoch's optimizer steps (from the checkpoint's step in a run resumed mid-epoch)."""
+    cfg, env = s.cfg, s.env
+    n_steps = len(batches)
+    global_samples = batches.n_samples * env.world_size
+    first = s.start_step if epoch == s.done + 1 else 0
+    task = bar.add_task(f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-",
+                        completed=min(global_samples, first * s.local_batch * env.world_size))  # fmt: skip
+    # Loss stays on the device; it is read (and reduced) a few times per epoch only.
+    acc = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, samples, stop flag
+    carried = torch.tensor([*(s.partial if first else [0.0, 0.0]), 0.0], dtype=torch.float64)
+    ep = _Epoch(task, n_steps, first, global_samples, acc, carried)
+    read_every = max(1, n_steps // LOSS_READS_PER_EPOCH)
+    step = first
+    dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
+    for users, items, labels, weights, prev in batches.batches(first):
+        if cfg.dropout:
+            _seed_dropout(s.device, dropout_base, step)
+        # Set every step (a resumed run's optimizer state holds the old run's lr).
+        ep.lr_now = lr_at(cfg, (epoch - 1) * n_steps + step, n_steps)
+        ep.lr_first = ep.lr_now if ep.lr_first is None else ep.lr_first
+        for g in s.optimizer.param_groups:
+            g["lr"] = ep.lr_now
+        s.optimizer.zero_grad(set_to_none=True)
+        loss = _step_gradients(
+            s.ddp, s.model, users, items, labels, weights, prev, cfg, s.amp_ctx, s.scaler
+        )
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        step += 1
+        acc[0] += loss.detach() * labels.shape[0]
+        acc[1] += labels.shape[0]
+        if check_sync:
+            _check_sync(s.model, env, step)
+        bar.advance(task, labels.shape[0] * env.world_size)
+        # One process stops on its own flag at once; several decide together at a read.
+        stop = interrupt.requested and not env.enabled
+        if step % read_every == 0 or step == n_steps or stop:
+            loss_total, n_seen, stop = _read(acc, carried, interrupt.requested, env)
+            mean = loss_total / max(n_seen, 1.0)
+            _check_loss(s, mean, epoch, step, n_steps)
+            bar.update(task, loss=f"{mean:.3f}")
+        if stop:
+            _interrupted(s, epoch, step, n_steps, (loss_total, n_seen))
+    return ep
+
+
+def _check_loss(s: Session, mean: float, epoch: int, step: int, n_steps: int) -> None:
+    """Stop the run on a non-finite loss, naming the last good checkpoint."""
+    if math.isfinite(mean):
+        return
+    last = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    # epoch - 1: the epochs completed, the last of which last.pt holds
+    kept = (f"the last good checkpoint is {last} (epoch {epoch - 1})"
+            if last.exists() else "no checkpoint was written")  # fmt: skip
+    raise NcfError(
+        f"the training loss became {mean} in epoch {epoch} (step {step}/{n_steps}); "
+        f"stopped, {kept}; lower --lr" + (" or drop --amp" if s.amp_dtype else "")
+    )
+
+
+def _interrupted(
+    s: Session, epoch: int, step: int, n_steps: int, loss_sums: tuple[float, float]
+) -> None:
+    """Ctrl-C: save this step in last.pt and stop with the command that continues the run."""
+    path = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    save_interrupted(s, epoch, step, loss_sums)
+    raise NcfError(
+        f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
+        f"continue with: ncf train --out {shlex.quote(str(s.run_dir))} --resume",
+        exit_code=130,
+    )  # fmt: skip
+
+
+def _end_epoch(
+    s: Session, epoch: int, ep: _Epoch, loss: float, seconds: float, run_log: RunLog, bar: Any
+) -> dict[str, float]:
+    """Evaluate the epoch, record it (history, best, checkpoint, metrics rows) and show it;
+    returns the metrics of the split that chooses the epoch."""
+    assert s.cfg.eval_batch is not None
+    scores = evaluation.evaluate_splits(s.model, s.eval_sets, s.env, s.cfg.eval_batch)
+    metrics = scores["test" if s.select == "last" else s.select]
+    record = {"epoch": epoch, "loss": loss, "validation": scores.get("validation"),
+              "test": scores["test"], "train_seconds": seconds,
+              "samples_per_second": ep.global_samples / max(seconds, 1e-9),
+              "lr": ep.lr_first, "lr_end": ep.lr_now}  # fmt: skip
+    s.history.append(record)
+    improved = evaluation.improves(s.best, s.select, metrics)
+    if improved:
+        s.best = {"epoch": epoch, "selected_by": s.select, **scores}
+    if s.env.is_main:
+        save_epoch(s, epoch, improved, run_log)
+    hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
+    shown = "test" if s.select == "last" else s.select[:3]
+    desc = f"{epoch}/{s.cfg.epochs} {shown} HR {hr:.3f} NDCG {ndcg:.3f}"
+    bar.update(ep.task, loss=f"{loss:.3f}", description=desc)
+    return metrics
+
+
+def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
+    cfg, best = s.cfg, s.best
+    assert best is not None
+    return TrainResult(
+        run_dir=str(s.run_dir), epochs=len(s.history), best_epoch=int(best["epoch"]),
+        metrics={k: float(v) for k, v in best["test"].items()},
+        validation=best.get("validation"), selected_by=s.select, dataset_split=s.data.split_method,
+        samples_per_second=totals.samples / max(totals.seconds, 1e-9),
+        seconds=time.perf_counter() - t_start, trained_epochs=totals.trained,
+        stopped_early=totals.stopped_early, parameters=s.n_params, device=s.backend.describe(),
+        world_size=s.env.world_size, peak_gpu_bytes=s.backend.peak_memory_bytes(),
+        recency_weight=float(cfg.recency_weight or 0.0),
+        recency_probe=s.probed.to_dict() if s.probed is not None else None,
+        order_factors=int(cfg.order_factors or 0),
+    )  # fmt: skip
+
+
+def _read(
+    acc: torch.Tensor, carried: torch.Tensor, stop: bool, env: DistEnv
+) -> tuple[float, float, bool]:
+    """(loss sum, samples, any rank asked to stop) over all ranks: the one host sync of a read."""
+    flag = torch.tensor([0.0, 0.0, 1.0 if stop else 0.0], dtype=acc.dtype, device=acc.device)
+    total = dist_env.all_reduce_sum(acc + flag, env).cpu() + carried
+    return float(total[0]), float(total[1]), bool(total[2] > 0)
+
+
+def _checksum(model: torch.nn.Module) -> torch.Tensor:
+    parts = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+             for p in model.parameters()]  # fmt: skip
+    return torch.cat(parts)
+
+
+def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
+    import torch.distributed as dist
+
+    mine = _checksum(model)
+    gathered = [torch.empty_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(gathered, mine)
+    for r, other in enumerate(gathered):
+        if not torch.equal(other, gathered[0]):
+            raise NcfError(
+                f"NCF_CHECK_SYNC: parameters of rank {r} differ from rank 0 after step {step}"
+            )
+
+
+class _Interrupt:
+    """First Ctrl-C asks the loop to stop after the current step; a second one raises at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupt:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: keep Python's default
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class _NullProgress:
+    """Stands in for a Rich Progress when none is given (library use, tests)."""
+
+    def __enter__(self) -> _NullProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None

@@ -1,0 +1,259 @@
+"""Where a run starts from (`start`): a new run or the checkpoint it resumes, its resolved
+options, the model and Adam, and the epochs' samples and the held-out sets on the device.
+
+Seeds: the model is initialised from `seed`; each epoch's samples (order and negatives) are a
+function of (seed, epoch) alone, the same at any world size and on any backend (batches.py),
+so an epoch is reproducible from the seed alone and a checkpoint resumes on any world size. On
+the CPU one seed gives the same bytes.
+
+Scaling across ranks (`--scaling`):
+
+- strong (default, NVIDIA's): `--batch-size` is the global batch, each rank takes
+  batch_size // world_size, and the learning rate is unchanged.
+- weak: `--batch-size` is each rank's batch, so the global batch is batch_size * world_size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ncfcli import checkpoint as ckpt
+from ncfcli import recency
+from ncfcli.backend import Backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import PreparedData
+from ncfcli.distributed import DistEnv
+from ncfcli.errors import NcfError
+from ncfcli.model import ModelConfig, build_model, count_parameters
+from ncfcli.train.config import PROBED, TIME_DEFAULTS, TrainConfig, resolve, tunables
+from ncfcli.train.device import set_precision, set_threads
+from ncfcli.train.evaluation import _selection, eval_sets
+from ncfcli.train.optim import make_optimizer
+from ncfcli.train.refit import _load_towers
+from ncfcli.train.run import _changes, _check_run_dir, _dataset_info
+
+
+@dataclass
+class Session:
+    """What a run trains with, from `start`; the loop updates history, best and resumes."""
+
+    cfg: TrainConfig  # resolved: no None left but where None means "off"
+    data: PreparedData
+    env: DistEnv
+    backend: Backend
+    run_dir: Path
+    model_cfg: ModelConfig
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    model: Any
+    ddp: torch.nn.Module  # the model, in DistributedDataParallel when there are several ranks
+    optimizer: Any
+    scaler: torch.amp.GradScaler
+    n_params: int
+    sampler: NegativeSampler
+    local_batch: int  # this rank's samples per step
+    eval_sets: dict[str, tuple[Any, ...]]
+    select: str  # the split that chooses best.pt (evaluation._selection)
+    dataset_info: dict[str, Any]
+    replace_run: bool  # an earlier run at --out is to be removed first
+    probed: recency.Probe | None  # the validation probe, when it ran now
+    resumed: bool
+    done: int  # epochs done before this invocation
+    resumes: list[dict[str, Any]]  # config.json's record of every resume, this one included
+    start_step: int = 0  # steps of epoch done + 1 done before this invocation
+    partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
+    best: dict[str, Any] | None = None
+
+    def amp_ctx(self) -> Any:
+        return torch.autocast(
+            self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None
+        )
+
+
+def start(
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path
+) -> Session:
+    """Resume or start: the resolved options, the model (from `seed`, or the checkpoint), Adam,
+    and the data on the device. Writes nothing."""
+    resumed, data, cfg = _resumed(cfg, data, backend, run_dir)
+    if data.merged_validation and cfg.target_hr is not None:
+        raise NcfError("--target-hr stops on the validation split, and a --refit run trains on it "
+                       "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip
+    n_train = int(data.train_users.shape[0])
+    replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
+    saved = resumed["train_config"] if resumed else None
+    cfg, probed = _resolved(cfg, data, env, backend, saved, n_train)
+    resumes = list(resumed.get("resumes") or []) if resumed else []
+    assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
+    assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
+    done = int(resumed["epoch"]) if resumed else 0
+    if resumed and done >= cfg.epochs and not resumed.get("step", 0):
+        raise NcfError(
+            f"{run_dir} has already trained {done} epochs; pass a larger --epochs to continue"
+        )
+    model_cfg = _model_config(cfg, data)
+    device = torch.device(backend.torch_device)
+    amp_dtype = set_precision(cfg, backend)
+    torch.manual_seed(cfg.seed or 0)
+    model = build_model(model_cfg).to(device)
+    if not resumed and (cfg.pretrained_gmf or cfg.pretrained_mlp):
+        _load_towers(model, cfg, data)
+    n_params = count_parameters(model)
+    optimizer, scaler = make_optimizer(model, cfg, backend, device, amp_dtype)
+    restored = {}
+    if resumed:
+        assert saved is not None
+        restored = _restore(cfg, env, resumed, saved, model, optimizer, scaler, resumes, done)
+    ddp: torch.nn.Module = model
+    if env.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
+    sampler, local_batch = _sampler(cfg, data, env, backend)
+    # Validation chooses the epoch; test is only reported (it chooses only without validation).
+    select = _selection(data)
+    held = eval_sets(cfg, data, env, backend)
+    return Session(cfg=cfg, data=data, env=env, backend=backend, run_dir=run_dir,
+                   model_cfg=model_cfg, device=device, amp_dtype=amp_dtype, model=model, ddp=ddp,
+                   optimizer=optimizer, scaler=scaler, n_params=n_params, sampler=sampler,
+                   local_batch=local_batch, eval_sets=held, select=select,
+                   dataset_info=_dataset_info(cfg, data), replace_run=replace_run, probed=probed,
+                   resumed=resumed is not None, done=done, resumes=resumes,
+                   **restored)  # fmt: skip
+
+
+def _resumed(
+    cfg: TrainConfig, data: PreparedData, backend: Backend, run_dir: Path
+) -> tuple[dict[str, Any] | None, PreparedData, TrainConfig]:
+    """On --resume: the run's last checkpoint, which must come from this dataset, and the
+    dataset as that run trained on it; else None and the two unchanged."""
+    if not cfg.resume:
+        return None, data, cfg
+    resumed = ckpt.load_checkpoint(ckpt.find_checkpoint(run_dir, "last"))
+    theirs = resumed["dataset"].get("fingerprint")
+    if theirs != data.fingerprint:
+        raise NcfError(
+            f"{run_dir} was trained on dataset {resumed['dataset'].get('path')} "
+            f"(fingerprint {theirs}), not {cfg.data_dir} (fingerprint {data.fingerprint}); "
+            "train it into a new --out"
+        )
+    data = data.as_trained(resumed["dataset"], backend.xp)
+    if cfg.refit is not None:
+        cfg = replace(cfg, refit=str(Path(cfg.refit).resolve()))
+    return resumed, data, cfg
+
+
+def _resolved(
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    saved: dict[str, Any] | None,
+    n_train: int,
+) -> tuple[TrainConfig, recency.Probe | None]:
+    """Every option filled (config.resolve), with the defaults that need time (TIME_DEFAULTS)
+    off where the dataset has no time order or the validation probe finds no time signal; and
+    the probe's result when it ran."""
+    given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
+    if data.train_age is None and saved is None:  # no time order: those defaults are off
+        cfg = replace(cfg, **{n: off for n, off in TIME_DEFAULTS.items() if given[n] is None})
+    cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
+    probed = None
+    wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
+    if wanted:
+        # The size default says "on": the validation split decides whether time says anything.
+        probed = recency.probe(data, backend.xp, seed=0)
+        if probed is None or not probed.on:
+            cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
+    for name, off in TIME_DEFAULTS.items():
+        if getattr(cfg, name) and data.train_age is None:
+            if given[name]:
+                _check_ages(cfg, data, "--" + name.replace("_", "-"))
+            cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
+    return cfg, probed
+
+
+def _check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
+    """Refuse a `flag` (--recency-weight, --order-factors) the dataset cannot serve: it has no
+    time order of its positives."""
+    if data.train_age is not None:
+        return
+    why = (f"it was prepared with --split {data.split_method}" if data.split_method != "time"
+           else "it was prepared by an ncf older than 0.2")  # fmt: skip
+    raise NcfError(f"{flag} needs the time order of the training positives, and "
+                   f"{cfg.data_dir} has none ({why}); drop {flag}, or re-run "
+                   "`ncf prepare` (with --split time)", exit_code=2)  # fmt: skip
+
+
+def _model_config(cfg: TrainConfig, data: PreparedData) -> ModelConfig:
+    try:
+        return ModelConfig(kind=cfg.model or "neumf", n_users=data.n_users, n_items=data.n_items,
+                           factors=cfg.factors or 1, layers=tuple(cfg.layers or (2,)),
+                           dropout=cfg.dropout or 0.0,
+                           order_factors=cfg.order_factors or 0)  # fmt: skip
+    except ValueError as e:
+        raise NcfError(str(e), exit_code=2) from None
+
+
+def _restore(
+    cfg: TrainConfig,
+    env: DistEnv,
+    resumed: dict[str, Any],
+    saved: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: Any,
+    scaler: torch.amp.GradScaler,
+    resumes: list[dict[str, Any]],
+    done: int,
+) -> dict[str, Any]:
+    """Load the checkpoint into the model, Adam and the loss scaler, record this resume (what it
+    changed) in `resumes`, and return the Session fields it carries (history, best, the step
+    and loss sums of a stop mid-epoch)."""
+    model.load_state_dict(resumed["model"])
+    if "optimizer" in resumed:
+        optimizer.load_state_dict(resumed["optimizer"])
+    if resumed.get("scaler"):
+        scaler.load_state_dict(resumed["scaler"])
+    out: dict[str, Any] = {"history": list(resumed.get("history") or []),
+                           "best": resumed.get("best")}  # fmt: skip
+    start_step = 0
+    same_layout = resumed.get("world_size") == env.world_size
+    if resumed.get("step", 0) and same_layout:
+        start_step = out["start_step"] = int(resumed["step"])
+        out["partial"] = [float(x) for x in resumed.get("partial_loss", [0.0, 0.0])]
+    # The optimizer state carries the old run's Adam settings; the resolved ones apply now.
+    betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
+    for g in optimizer.param_groups:
+        g["betas"], g["eps"] = betas, float(cfg.eps or 1e-8)
+    changed = _changes(saved, tunables(cfg))
+    if resumed.get("world_size") not in (None, env.world_size):
+        changed["world_size"] = [resumed.get("world_size"), env.world_size]
+    resumes.append({"epoch": done, "step": start_step, "changed": changed})
+    return out
+
+
+def _sampler(
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend
+) -> tuple[NegativeSampler, int]:
+    """The epochs' sampler (recency weights and the order term's previous items on the device)
+    and this rank's batch; sets the CPU's threads for that batch."""
+    assert cfg.batch_size is not None
+    pos_weight = None
+    if cfg.recency_weight:
+        pos_weight = recency.recency_weights(data.train_age, float(cfg.recency_weight),
+                                             float(cfg.recency_span or 1.0), backend.xp,
+                                             data.train_users, data.n_users)  # fmt: skip
+    pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
+    sampler = NegativeSampler(data, backend, cfg.neg_per_pos or 4, approx=bool(cfg.approx_negatives),
+                              seed=cfg.seed or 0, env=env, pos_weight=pos_weight,
+                              pos_prev=pos_prev)  # fmt: skip
+    local_batch = (
+        cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
+    )
+    set_threads(backend, local_batch)
+    return sampler, local_batch

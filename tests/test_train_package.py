@@ -1,0 +1,57 @@
+"""Training is a package whose files name the steps: `pytest tests/test_train_package.py`.
+
+Its options (ncfcli/train/config.py) load without torch, so the CLI and the Python API can read
+and check them before torch loads; the names config.py keeps for that stay those of the modules
+that use them with torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_the_options_load_and_check_without_torch() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from ncfcli.errors import NcfError
+        from ncfcli.train import FIXED_ON_RESUME, TrainConfig, resolve, tunables
+        from ncfcli.train.config import TrainConfig as same
+
+        assert same is TrainConfig and "seed" in FIXED_ON_RESUME
+        cfg = TrainConfig(data_dir="data", model="ease", ease_lambda=10.0)
+        assert tunables(resolve(cfg, 10_000, 1, None))["model"] == "ease"
+        for bad in ({"model": "nope"}, {"knn_shrink": -1.0}):
+            try:
+                TrainConfig(data_dir="data", **bad)
+            except NcfError:
+                pass
+            else:
+                raise AssertionError(bad)
+        assert "torch" not in sys.modules, "the options imported torch"
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr[-2000:]
+
+
+def test_the_kinds_config_checks_are_the_models() -> None:
+    from ncfcli import baseline_options, baselines, model
+    from ncfcli.train import config
+
+    assert config.KINDS == model.KINDS
+    assert config.baselines is baseline_options
+    assert baselines.KINDS == baseline_options.KINDS
+    assert baselines.check_options is baseline_options.check_options
+
+
+def test_the_package_names_what_callers_import() -> None:
+    import ncfcli.train
+    from ncfcli.train import KS, TrainResult, default_run_dir, loop, run, train
+
+    assert train is loop.train and TrainResult is run.TrainResult
+    assert default_run_dir is run.default_run_dir and KS == (10,)
+    assert ncfcli.train.TrainConfig is ncfcli.train.config.TrainConfig
