@@ -10,7 +10,9 @@ training items), so the checkpoint loads with `torch.load(weights_only=True)`.
 - itemknn: cosine similarity between item columns of the user x item matrix, shrunk towards 0
   by `--knn-shrink` (sim = co-count / (|i| |j| + shrink), |i| the column norm), keeping each
   item's `--knn-neighbours` most similar items; a user's score for item i sums the similarities
-  of i to the user's training items (Sarwar et al., 2001).
+  of i to the user's training items (Sarwar et al., 2001). Items that none of the user's
+  neighbour lists reach (score 0) rank below the rest by their training positives, not in one
+  tie that the held-out item would lose against every negative (`popularity_below`).
 - ease: the closed-form linear item-item model of Steck (2019): B = I - P diagMat(1 / diag P),
   P = (X^T X + lambda I)^-1, diagonal of B zero; score = x_u B. Dense in items: refused above
   EASE_MAX_ITEMS.
@@ -100,6 +102,7 @@ class Baseline(nn.Module):
         for name, t in tensors.items():
             self.register_buffer(name, t)
         self._sim_t: torch.Tensor | None = None
+        self._pop: torch.Tensor | None = None
 
     def _buf(self, name: str) -> torch.Tensor:
         t = getattr(self, name)
@@ -126,7 +129,17 @@ class Baseline(nn.Module):
                 (idx.shape[0],) * 2,
                 check_invariants=False,
             ).coalesce()
-        return torch.sparse.mm(self._sim_t, x.t()).t()
+        return popularity_below(torch.sparse.mm(self._sim_t, x.t()).t(), self._popularity())
+
+    def _popularity(self) -> torch.Tensor:
+        """float32 [n_items]: each item's training positives, from the users' rows (so a
+        checkpoint written before itemknn used them still loads)."""
+        if self._pop is None or self._pop.device != self._buf("items").device:
+            items = self._buf("items").long()
+            self._pop = torch.zeros(self.cfg.n_items, device=items.device).index_add_(
+                0, items, torch.ones(items.shape[0], device=items.device)
+            )
+        return self._pop
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         users, items = users.long(), items.long()
@@ -138,6 +151,20 @@ class Baseline(nn.Module):
         # Item-item models need the user's whole row: score each distinct user once.
         uniq, inverse = torch.unique(users, return_inverse=True)
         return self.score_all(uniq)[inverse, items]
+
+
+def popularity_below(scores: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """scores [U, I] >= 0 (itemknn's sums of similarities), counts [I] -> the same ranking for
+    every item with a score > 0, and every item that no neighbour list reaches (score 0) below
+    them all, ordered by its training positives: -1 + count / (max count + 1), in (-1, 0).
+
+    Without this a held-out item outside the user's neighbour lists scores 0 and loses every
+    tie against the sampled negatives that score 0 too (ties rank the positive last), which put
+    itemknn below random on sparse data (issue 22); popularity is the order a user with no
+    similar items would get from `--model pop`.
+    """
+    fallback = counts / (counts.max() + 1.0) - 1.0
+    return torch.where(scores > 0, scores, fallback[None, :].expand_as(scores))
 
 
 def from_state(model_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Baseline:

@@ -93,7 +93,32 @@ def test_item_item_models_match_a_plain_numpy_fit(prepared_dir: Path) -> None:
     np.testing.assert_allclose(np.sort(weight, 1), np.sort(sim.T, 1)[:, -k:], atol=1e-6)
     knn_sim = np.zeros_like(sim)
     knn_sim[index, np.broadcast_to(targets, index.shape)] = weight
-    np.testing.assert_allclose(knn.score_all(users).numpy(), x[users] @ knn_sim, atol=1e-4)
+    want = x[users] @ knn_sim
+    # Items no neighbour list reaches (0) fall below the rest, ordered by popularity (issue 22).
+    pop = x.sum(0)
+    want = np.where(want > 0, want, (pop / (pop.max() + 1.0) - 1.0)[None, :])
+    np.testing.assert_allclose(knn.score_all(users).numpy(), want, atol=1e-4)
+
+
+def test_itemknn_ranks_what_no_neighbour_reaches_by_popularity() -> None:
+    """A hand-made case: user 0 has item 0, whose only neighbour is item 1; items 2-4 share no
+    user with item 0 or 1, and have 1, 2 and 3 training positives. User 0's list
+    is 1 (the neighbour), then 4, 3, 2 by popularity; before, 2-4 tied at 0, so a held-out
+    item among them ranked below every sampled negative that also scored 0."""
+    from types import SimpleNamespace
+
+    train_users = np.array([0, 1, 1, 2, 3, 4, 4, 5, 6], dtype=np.int32)
+    train_items = np.array([0, 0, 1, 2, 3, 3, 4, 4, 4], dtype=np.int32)
+    offsets = np.searchsorted(train_users, np.arange(8)).astype(np.int64)  # rows sorted by user
+    data = SimpleNamespace(n_users=7, n_items=5, train_items=train_items,
+                           user_offsets=lambda xp: offsets)  # fmt: skip
+    cfg = BaselineConfig("itemknn", 7, 5, knn_neighbours=2, knn_shrink=0.0)
+    knn, _ = fit(cfg, data, CPU)
+    scores = knn.score_all(torch.tensor([0]))[0]
+    assert scores[1] > 0 > scores[4] > scores[3] > scores[2], scores.tolist()
+    assert scores[2:].tolist() == [-0.75, -0.5, -0.25]  # -1 + count / (max count + 1)
+    got = knn(torch.tensor([0, 0, 0]), torch.tensor([4, 3, 2]))
+    assert torch.equal(got, scores[[4, 3, 2]])
 
 
 @pytest.mark.parametrize("kind", KINDS)
