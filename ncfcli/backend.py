@@ -279,14 +279,6 @@ class Backend:
             return _cupy().asnumpy(a)  # type: ignore[union-attr]
         return np.asarray(a)
 
-    def rng(self, seed: int | list[int]) -> Any:
-        """A seeded generator of this backend (NumPy PCG64, or CuPy's XORWOW on the GPU).
-
-        Its numbers differ between backends for one seed: what must give the same bytes on
-        both (prepare's negatives, the epochs) uses counter-based draws instead.
-        """
-        return self.xp.random.default_rng(seed)
-
     # ---- torch handoff ---------------------------------------------------------------------
     def to_torch(self, a: Any) -> Any:
         """Zero-copy view of a backend array as a torch tensor, through DLPack."""

@@ -399,6 +399,3 @@ class _StrictBackend(Backend):
         import torch
 
         return torch.from_dlpack(_base(a))
-
-    def rng(self, seed: int | list[int]) -> Any:
-        return _StrictGenerator(seed)
