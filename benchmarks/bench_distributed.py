@@ -6,6 +6,10 @@ samples/s of each as median, min and max over --repeat runs. Data: MovieLens-100
 PATH, else the ncf cache (`ncf prepare ml-100k` downloads there), else ../shared/data/ml-100k
 beside the checkout, prepared here by `ncf prepare`; --prepared DIR uses a prepared dataset.
 
+`--shard`: a third CPU run, `--nproc 2 --shard users` (each worker loads only its buckets of
+users, ncfcli/train/shard.py), against the 2-worker default: HR@10 and NDCG@10 of each, their
+difference against the same target, and the training rows each worker held.
+
 Weak scaling (`--scaling-device cuda|cpu --scaling-data DIR`): samples/s of one epoch for 1,
 2, 4, ... GPUs (cuda; target >= 90% efficiency at 8, next to NVIDIA's 8x A100 figures) or for
 1 and 2 CPU workers (cpu: a smoke run of the same code path). Every figure comes from `ncf
@@ -51,10 +55,15 @@ def bench_cpu(work: Path, args: argparse.Namespace) -> bool:
     common = ["--seed", str(args.seed)] + (["--epochs", str(args.epochs)] if args.epochs else [])
     print(f"CPU, gloo: {label}; {machine()}", flush=True)
     runs: dict[str, list[dict]] = {"1 process": [], "2 workers": []}
+    if args.shard:
+        runs["2 shards"] = []
     for k in range(args.repeat):
         runs["1 process"].append(train(data, work / f"one{k}", [*common, "--device", "cpu"]))
         runs["2 workers"].append(train(data, work / f"two{k}", [*common, "--nproc", "2"],
                                        check_sync=args.check_sync))  # fmt: skip
+        if args.shard:
+            runs["2 shards"].append(train(data, work / f"shard{k}", [*common, "--nproc", "2",
+                                          "--shard", "users"], check_sync=args.check_sync))  # fmt: skip
     for name, rs in runs.items():
         r = rs[0]
         sps = [x["samples_per_second"] / 1e3 for x in rs]
@@ -66,6 +75,23 @@ def bench_cpu(work: Path, args: argparse.Namespace) -> bool:
         f"  HR@10 difference {diff:+.4f}; " + verdict(ok, f"|diff| <= {HR_TARGET}")
         + ("; parameters checked equal across ranks after every step" if args.check_sync else "")
     )  # fmt: skip
+    if args.shard:
+        ok = _shard_lines(runs["2 workers"][0], runs["2 shards"][0]) and ok
+    return ok
+
+
+def _shard_lines(whole: dict, shards: dict) -> bool:
+    """The --shard comparison: metrics of the two layouts, and what each worker held."""
+    for name, r in (("--shard none", whole), ("--shard users", shards)):
+        layout = r["shard"]
+        rows = ", ".join(f"{n:,}" for n in layout["rank_rows"])
+        print(f"  {name:13s} HR@10 {r['metrics']['hr@10']:.4f}  NDCG@10 "
+              f"{r['metrics']['ndcg@10']:.4f}  training rows per worker {rows} "
+              f"(mode {layout['mode']})")  # fmt: skip
+    diff = shards["metrics"]["hr@10"] - whole["metrics"]["hr@10"]
+    ok = abs(diff) <= HR_TARGET
+    print(f"  --shard users vs none: HR@10 difference {diff:+.4f}; "
+          + verdict(ok, f"|diff| <= {HR_TARGET}"))  # fmt: skip
     return ok
 
 
@@ -119,6 +145,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each CPU configuration")
     parser.add_argument(
         "--check-sync", action="store_true", help="NCF_CHECK_SYNC=1 on the 2-worker run"
+    )
+    parser.add_argument(
+        "--shard", action="store_true", help="also --nproc 2 --shard users against --nproc 2"
     )
     parser.add_argument("--skip-cpu", action="store_true", help="no 1 vs 2 worker comparison")
     parser.add_argument("--scaling-device", choices=["cuda", "cpu"], help="run weak scaling")

@@ -24,6 +24,9 @@
 #                in-process seconds (the work after imports and CUDA set-up, judged on the second
 #                run, CuPy's kernels cached: target <= 2 s on a GPU), peak GPU memory
 #   prepare-cpu  the same file on this machine's CPUs, for comparison
+#   prepare-dask the same file on the Dask engine (on a GPU: dask_cuda.LocalCUDACluster, one
+#                worker per GPU, cuDF partitions); fails unless the dataset's fingerprint is the
+#                memory engine's
 #   train-tf32, train-amp
 #                NVIDIA's model and batch (2^20), verified negatives: samples/s per epoch
 #                (target >= 102M, a 99M-sample epoch in < 1 s; NVIDIA 1x A100: 22.6M TF32,
@@ -50,19 +53,19 @@ PY=${PYTHON:-python3}
 DEV=${NCF_CHECK_DEVICE:-cuda}
 SIZE=${NCF_CHECK_SIZE:-ml-20m}
 BUDGET=${NCF_CHECK_BUDGET_S:-540}
-STEPS=(machine tests prepare prepare-cpu train-tf32 train-amp eval-full eval-sampled export recommend
-  refit order large-batch scaling)
+STEPS=(machine tests prepare prepare-cpu prepare-dask train-tf32 train-amp eval-full eval-sampled
+  export recommend refit order large-batch scaling)
 # Seconds per step on the GPU plan: they add up to 540, the default budget.
 declare -A LIMIT=(
-  [machine]=15 [tests]=110 [prepare]=60 [prepare-cpu]=35 [train-tf32]=35 [train-amp]=30
-  [eval-full]=20 [eval-sampled]=15 [export]=25 [recommend]=15 [refit]=25 [order]=25
-  [large-batch]=90 [scaling]=40
+  [machine]=10 [tests]=110 [prepare]=60 [prepare-cpu]=35 [prepare-dask]=35 [train-tf32]=35
+  [train-amp]=30 [eval-full]=20 [eval-sampled]=15 [export]=25 [recommend]=10 [refit]=25
+  [order]=25 [large-batch]=65 [scaling]=40
 )
 SCALE=1
 [ "$DEV" = cpu ] && SCALE=4
 PLAN=("${STEPS[@]}")
-[ "$DEV" = cpu ] && PLAN=(machine tests prepare train-tf32 eval-full eval-sampled export recommend
-  refit order large-batch scaling)
+[ "$DEV" = cpu ] && PLAN=(machine tests prepare prepare-dask train-tf32 eval-full eval-sampled export
+  recommend refit order large-batch scaling)
 PLAN_S=0
 for name in "${PLAN[@]}"; do PLAN_S=$((PLAN_S + LIMIT[$name] * SCALE)); done
 if [ "${1:-}" = --plan ]; then
@@ -166,6 +169,21 @@ fi
 if [ "$DEV" != cpu ] && step prepare-cpu "$PY" benchmarks/bench_prepare.py --size "$SIZE" \
   --device cpu --work-dir "$WORK" --out "$WORK/$SIZE-cpu"; then
   grep -E "^wall" "$OUT_DIR/prepare-cpu.out" | sed 's/^/  /' | tee -a "$SUMMARY"
+fi
+
+# The Dask engine (LocalCUDACluster and cuDF partitions with --device cuda) on the same CSV: the
+# dataset must be the memory engine's (same fingerprint), or the step fails.
+CSV="$WORK/ratings-$SIZE-seed0.csv"
+if [ -f "$CSV" ] && [ -f "$DATA/meta.json" ]; then
+  if step prepare-dask bash -c '"$0" -m ncfcli prepare "$1" --engine dask --device "$2" --out "$3" \
+      --overwrite --json -q && "$0" -c "import json, sys
+a, b = (json.load(open(p + \"/meta.json\")) for p in sys.argv[1:])
+print(\"  dask engine vs memory engine: fingerprint\", \"equal\" if a[\"fingerprint\"] == b[\"fingerprint\"] else \"DIFFERENT\")
+sys.exit(a[\"fingerprint\"] != b[\"fingerprint\"])" "$4" "$3"' "$PY" "$CSV" "$DEV" "$WORK/$SIZE-dask" "$DATA"; then
+    grep -E "fingerprint" "$OUT_DIR/prepare-dask.out" | sed 's/^/  /' | tee -a "$SUMMARY"
+  fi
+else
+  skip prepare-dask "no CSV at $CSV or no prepared data at $DATA (the prepare step failed)"
 fi
 
 modes=(tf32 amp)

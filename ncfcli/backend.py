@@ -355,6 +355,15 @@ class Backend:
         pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
         return peak + max(int(pool.total_bytes()), _POOL_PEAK.get(self.device_index, 0))
 
+    def free_memory_bytes(self) -> int | None:
+        """Bytes free where this backend's arrays live: the GPU's free memory as the driver
+        reports it (GPU-only line, docs/gpu.md), else the kernel's MemAvailable; None where that
+        cannot be told."""
+        if self.is_cuda:
+            free, _total = _cupy().cuda.runtime.memGetInfo()  # type: ignore[union-attr]
+            return int(free)
+        return host_available_bytes()
+
     def describe(self) -> str:
         """What runs here, in words; never imports cuDF (seconds of start-up in every rank)."""
         if not self.is_cuda:
@@ -363,6 +372,18 @@ class Backend:
         name = names[self.device_index] if self.device_index < len(names) else "GPU"
         frames = "cudf" if cudf_installed() else "pandas"
         return f"cuda:{self.device_index} {name} (cupy + {frames}; {allocator() or 'not set up'})"
+
+
+def host_available_bytes() -> int | None:
+    """The kernel's MemAvailable (Linux): what the host can still allocate; None elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def get_backend(device: str = "auto", device_index: int = 0) -> Backend:

@@ -77,21 +77,33 @@ class BaselineConfig:
 def _history(
     offsets: torch.Tensor, items: torch.Tensor, users: torch.Tensor, n_items: int
 ) -> torch.Tensor:
-    """users [U] -> float32 [U, n_items], 1 where the user has a training positive."""
+    """users [U] -> sparse float32 [U, n_items], 1 where the user has a training positive.
+
+    Sparse: a user has a few positives among thousands of items, and the scores x_u B (ease)
+    and x_u S (itemknn) then sum those rows alone. The dense [U, n_items] history made
+    itemknn's full ranking a dense-by-sparse product over every item (most of a 5-minute
+    `ncf eval --full-ranking` at 24k items, issue 22) and ease's an items^2 product per user.
+    """
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
-    out = torch.zeros(users.shape[0], n_items, device=users.device)
-    if total:
-        rows = torch.repeat_interleave(torch.arange(users.shape[0], device=users.device), counts)
-        starts = torch.cumsum(counts, 0) - counts
-        within = torch.arange(total, device=users.device) - torch.repeat_interleave(starts, counts)
-        out[rows, items[torch.repeat_interleave(first, counts) + within]] = 1.0
-    return out
+    device = users.device
+    rows = torch.repeat_interleave(torch.arange(users.shape[0], device=device), counts,
+                                   output_size=total)  # fmt: skip
+    starts = torch.cumsum(counts, 0) - counts
+    within = torch.arange(total, device=device) - torch.repeat_interleave(
+        starts, counts, output_size=total
+    )
+    cols = items[torch.repeat_interleave(first, counts, output_size=total) + within].long()
+    return torch.sparse_coo_tensor(
+        torch.stack([rows, cols]), torch.ones(total, device=device),
+        (users.shape[0], n_items),
+    ).coalesce()  # fmt: skip
 
 
 class Baseline(nn.Module):
-    """forward(users [B], items [B]) -> scores [B] float32; score_all(users [U]) -> [U, n_items].
+    """forward(users [B], items [B]) -> scores [B] float32; score_all(users [U]) -> [U, n_items]
+    (or [U, B] / [U, C] for items [B] / each user's own items [U, C], as NCF.score_all).
 
     All state is buffers, named as in the checkpoint's "model" dict.
     """
@@ -101,35 +113,58 @@ class Baseline(nn.Module):
         self.cfg = cfg
         for name, t in tensors.items():
             self.register_buffer(name, t)
-        self._sim_t: torch.Tensor | None = None
+        self._sim: torch.Tensor | None = None
         self._pop: torch.Tensor | None = None
+        # Full ranking may score items in blocks where that costs in proportion to the items:
+        # pop and ALS (a product with the item factors); itemknn and ease score every item
+        # from the user's history in one sparse product.
+        self.subset_scoring = cfg.kind in ("pop", "als")
 
     def _buf(self, name: str) -> torch.Tensor:
         t = getattr(self, name)
         assert isinstance(t, torch.Tensor)
         return t
 
-    def score_all(self, users: torch.Tensor) -> torch.Tensor:
+    def score_all(self, users: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
         users = users.long()
+        items = items.long() if items is not None else None
         kind = self.cfg.kind
         if kind == "pop":
-            return self._buf("counts")[None, :].expand(users.shape[0], -1).clone()
+            counts = self._buf("counts")
+            if items is not None and items.dim() == 2:
+                return counts[items]
+            picked = counts if items is None else counts[items]
+            return picked[None, :].expand(users.shape[0], -1).clone()
         if kind == "als":
-            return self._buf("user_factors")[users] @ self._buf("item_factors").t()
+            left, right = self._buf("user_factors")[users], self._buf("item_factors")
+            if items is not None and items.dim() == 2:
+                return torch.bmm(right[items], left[:, :, None])[:, :, 0]
+            return left @ (right if items is None else right[items]).t()
         x = _history(self._buf("offsets"), self._buf("items"), users, self.cfg.n_items)
         if kind == "ease":
-            return x @ self._buf("weights")
-        # itemknn: x @ S with S sparse (source item -> its neighbours' targets)
-        if self._sim_t is None or self._sim_t.device != x.device:
+            full = torch.sparse.mm(x, self._buf("weights"))  # the rows of B the user has
+        else:  # itemknn: x @ S, S sparse (source item -> the targets it is a neighbour of)
+            with warnings.catch_warnings():  # torch's "sparse CSR is beta", from inside mm
+                warnings.simplefilter("ignore", UserWarning)
+                sims = torch.sparse.mm(x, self._similarity()).to_dense()
+            full = popularity_below(sims, self._popularity())
+        if items is None:
+            return full
+        return full.gather(1, items) if items.dim() == 2 else full[:, items]
+
+    def _similarity(self) -> torch.Tensor:
+        """sparse float32 [n_items, n_items]: S[s, t] = the weight of source s in target t's
+        neighbour list (nbr_index / nbr_weight), coalesced once per device."""
+        if self._sim is None or self._sim.device != self._buf("nbr_index").device:
             idx, w = self._buf("nbr_index"), self._buf("nbr_weight")
             targets = torch.arange(idx.shape[0], device=idx.device).repeat_interleave(idx.shape[1])
-            self._sim_t = torch.sparse_coo_tensor(
-                torch.stack([targets, idx.reshape(-1)]),
+            self._sim = torch.sparse_coo_tensor(
+                torch.stack([idx.reshape(-1), targets]),
                 w.reshape(-1),
                 (idx.shape[0],) * 2,
                 check_invariants=False,
             ).coalesce()
-        return popularity_below(torch.sparse.mm(self._sim_t, x.t()).t(), self._popularity())
+        return self._sim
 
     def _popularity(self) -> torch.Tensor:
         """float32 [n_items]: each item's training positives, from the users' rows (so a
@@ -226,14 +261,9 @@ def free_memory_bytes(device: torch.device) -> int | None:
         except RuntimeError:  # torch on RMM's allocator keeps no statistics of its own
             cached = 0
         return int(free) + max(0, int(cached))
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    from ncfcli.backend import host_available_bytes
+
+    return host_available_bytes()
 
 
 def ease_bytes(n_items: int) -> int:

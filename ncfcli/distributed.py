@@ -214,6 +214,15 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return t
 
 
+def gather_ints(values: list[int], env: DistEnv, device: str = "cpu") -> list[list[int]]:
+    """Every rank's `values` (the same length on each), indexed by rank: each rank fills its
+    own row of a zero table and the sum is the table (an all-reduce, which gloo and NCCL both
+    have for int64 on their devices; all_gather_object would pickle)."""
+    table = torch.zeros(env.world_size, len(values), dtype=torch.int64, device=device)
+    table[env.rank] = torch.tensor(values, dtype=torch.int64)
+    return [[int(v) for v in row] for row in all_reduce_sum(table, env).cpu().tolist()]
+
+
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()

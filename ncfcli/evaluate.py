@@ -32,16 +32,20 @@ if TYPE_CHECKING:  # EvalConfig loads no torch: `ncf eval -k 0` is refused at on
 DEFAULT_KS = (1, 5, 10, 20)
 
 
-def rows_for(backend: Any, batch_rows: int | None = None) -> int:
-    """The (user, item) pairs to score at once: `batch_rows`, else a default for the device.
+def rows_for(backend: Any, batch_rows: int | None = None, model: Any = None) -> int:
+    """The (user, item) pairs to score at once: `batch_rows` (--eval-batch), else as many as
+    the device's memory budget holds for `model` (ncfcli.metrics.budget_rows: 256 MB on a
+    CPU, 4 GB on a GPU, divided by what a pair costs: 16 bytes for a factored scorer, plus
+    its per-pair activations where they are not tiled, 5 KB for one scoring pairs).
 
-    A default NeuMF holds about 5 KB of activations per pair: 2**20 pairs is ~5 GB, fine on
-    a GPU; on a CPU chunks that large only thrash the caches (measured on ml-100k: 2**16 pairs
-    was faster than 2**20 and used 0.7 GB instead of 5 GB).
+    Counting pairs alone sized chunks for the MLP's activations: 2^16 pairs was 2 users a
+    chunk at 24k items, so full ranking ran 15,000 small products (issue 22).
     """
     if batch_rows is not None:
         return batch_rows
-    return 1 << 20 if backend.is_cuda else 1 << 16
+    from ncfcli.metrics import budget_rows
+
+    return budget_rows(model, backend.torch_device)  # model None: priced as forward() pairs
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def evaluate(
         protocol = f"sampled ({n_neg} negatives)"
         candidates = f"{n_neg + 1} (held-out item + {n_neg} sampled negatives)"
         check_ks(cfg.ks, n_neg + 1, "sampled")
-    rows = rows_for(backend, cfg.batch_rows)
+    rows = rows_for(backend, cfg.batch_rows, model)
     # An order term scores each user after their latest item before the held-out one.
     prev = backend.to_torch(data.context(cfg.split, xp)).to(device) if uses_order(model) else None
     with torch.no_grad():
@@ -194,7 +198,10 @@ def evaluate(
             offsets_np, seen_np = data.known_positives(cfg.split, xp)
             offsets = backend.to_torch(offsets_np).to(device)
             seen = backend.to_torch(seen_np).to(device)
-            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows, prev)
+            # Ranks past max(K) count the same (metric_sums clamps there): a user leaves the
+            # scoring once max(K) candidates beat their positive.
+            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows, prev,
+                               cap=max(cfg.ks))  # fmt: skip
             ranks = ranks[has[start:end]]
         else:
             start, end = env.shard(int(users_np.shape[0]))

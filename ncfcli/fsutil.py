@@ -39,6 +39,7 @@ KINDS = {
     "export": "an ONNX export",
     "triton model": "a Triton model",
     "files": "files written by ncf",
+    "tune": "a tune directory (ncf tune)",
 }
 
 

@@ -78,7 +78,9 @@ def sampled_ranks(
 
     users [U] dense ids; test_items [U]; test_negatives [U, N] (rows aligned with users), all
     on the model's device; prev [U], each user's previous item, for a model with an order term
-    (PreparedData.context), else None. Scores are computed in chunks of at most `max_rows` pairs.
+    (PreparedData.context), else None. Scores are computed in chunks of at most `max_rows` pairs,
+    by the model's factored scorer where it has one (`score_all(users, items=[U, N + 1])`: the
+    MLP's first layer once per user and item, not per pair), else by forward() on the pairs.
     """
     n_cand = test_negatives.shape[1] + 1
     chunk = max(1, max_rows // n_cand)
@@ -86,18 +88,57 @@ def sampled_ranks(
     for s in range(0, users.shape[0], chunk):
         u = users[s : s + chunk]
         items = torch.cat([test_items[s : s + chunk, None], test_negatives[s : s + chunk]], dim=1)
-        pairs: tuple[torch.Tensor, ...] = (
-            u[:, None].expand_as(items).reshape(-1),
-            items.reshape(-1),
-        )
-        if prev is not None:
-            pairs += (prev[s : s + chunk, None].expand_as(items).reshape(-1),)
-        scores = model(*pairs).float()
-        scores = scores.view(-1, n_cand)
+        scores = score_items(model, u, items, prev[s : s + chunk] if prev is not None else None)
         out.append(positive_ranks(scores[:, 0], scores[:, 1:]))
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=users.device)
     return torch.cat(out)
+
+
+def score_items(
+    model: torch.nn.Module, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None
+) -> torch.Tensor:
+    """float32 [U, C] logits of users [U] against their own items [U, C] (prev [U] for a model
+    with an order term): the factored score_all where the model has one, else forward()."""
+    given = () if prev is None else (prev,)
+    score_all = getattr(model, "score_all", None)
+    if callable(score_all):
+        return score_all(users, *given, items=items).float()
+    pairs: tuple[torch.Tensor, ...] = (users[:, None].expand_as(items).reshape(-1),
+                                       items.reshape(-1))  # fmt: skip
+    pairs += tuple(p[:, None].expand_as(items).reshape(-1) for p in given)
+    return model(*pairs).float().view(items.shape)
+
+
+# The memory budget of scoring (`ncf eval`, `ncf recommend`) where --eval-batch is not given:
+# what one chunk of users may hold, in bytes. A CPU's is small (chunks larger than this gained
+# nothing on a 2-core CPU); a GPU's fills a fraction of a data-centre card.
+BUDGET_CPU = 256 << 20
+BUDGET_GPU = 4 << 30
+# Per (user, item) pair of a chunk, besides the model's own activations: the float32 score,
+# a second float32 (the sum out + term), the mask and the comparisons (bool each), rounded up.
+SCORE_PAIR_BYTES = 16
+# A model scored through forward() on pairs (no score_all): about a default NeuMF's activations.
+FORWARD_PAIR_BYTES = 5 << 10
+
+
+def pair_bytes(model: torch.nn.Module | None, device: torch.device | str) -> int:
+    """Bytes one (user, item) pair of a scoring chunk costs for `model` on `device`."""
+    device = torch.device(device)
+    if not callable(getattr(model, "score_all", None)):
+        return FORWARD_PAIR_BYTES
+    extra = getattr(model, "score_bytes_per_pair", None)
+    return SCORE_PAIR_BYTES + (int(extra(device)) if callable(extra) else 0)
+
+
+def budget_rows(
+    model: torch.nn.Module | None, device: torch.device | str, budget: int | None = None
+) -> int:
+    """Pairs per chunk that fit `budget` bytes (default: BUDGET_CPU or BUDGET_GPU)."""
+    device = torch.device(device)
+    if budget is None:
+        budget = BUDGET_GPU if device.type == "cuda" else BUDGET_CPU
+    return max(1, budget // pair_bytes(model, device))
 
 
 def chunk_users(n_items: int, max_rows: int) -> int:
@@ -142,19 +183,24 @@ def masked_scores(
 
 
 def _score_all(
-    model: torch.nn.Module, users: torch.Tensor, n_items: int, prev: torch.Tensor | None = None
-) -> torch.Tensor:
+    model: torch.nn.Module, users: torch.Tensor, n_items: int, prev: torch.Tensor | None = None,
+    items: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """float32 [U, n_items] logits of users int64 [U] (previous items prev [U] for a model with
-    an order term) against every item."""
+    an order term) against every item, or [U, B] against items [B]."""
     score_all = getattr(model, "score_all", None)
     given = () if prev is None else (prev,)
     if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
-        return score_all(users, *given).float()
+        if items is None:
+            return score_all(users, *given).float()
+        return score_all(users, *given, items=items).float()
     n = users.shape[0]
-    items = torch.arange(n_items, dtype=torch.int64, device=users.device)
-    rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(n_items), items.repeat(n))
-    rows += tuple(p.repeat_interleave(n_items) for p in given)
-    return model(*rows).float().view(n, n_items)
+    if items is None:
+        items = torch.arange(n_items, dtype=torch.int64, device=users.device)
+    width = items.shape[0]
+    rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(width), items.repeat(n))
+    rows += tuple(p.repeat_interleave(width) for p in given)
+    return model(*rows).float().view(n, width)
 
 
 def uses_order(model: torch.nn.Module) -> bool:
@@ -180,6 +226,12 @@ def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(pos), last, ranks)
 
 
+# The first block of items the capped ranking scores after the chunk's positives; each next
+# block is twice as large, so a user whose positive is beaten early costs one small block and a
+# user near the top costs a few blocks more than the whole catalogue in one.
+FIRST_BLOCK = 1024
+
+
 @torch.no_grad()
 def full_ranks(
     model: torch.nn.Module,
@@ -191,19 +243,26 @@ def full_ranks(
     test_items: torch.Tensor,
     max_rows: int = 1 << 20,
     prev: torch.Tensor | None = None,
+    cap: int | None = None,
 ) -> torch.Tensor:
     """Full-ranking rank of each test item for users [user_start, user_end).
 
     offsets int64 [n_users + 1] and train_items [n_train] as in `masked_scores`; test_items
     [n_users] (indexed by dense user id), and prev [n_users] likewise for a model with an order
-    term; all on the model's device. Every item the user did
-    not interact with in training is a candidate, the test item included. Users are scored in
-    chunks of `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start].
+    term; all on the model's device. Every item the user did not interact with in training is
+    a candidate, the test item included. Users are scored in chunks of
+    `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start]: each rank, or
+    min(rank, cap) with `cap` (HR@K and NDCG@K only tell ranks below max K apart, and
+    `metric_sums` clamps there: the metrics are the same).
+
+    With `cap`, a model whose score_all costs in proportion to the items it scores
+    (`subset_scoring`: NCF, ALS) is ranked block by block (`_capped_ranks`): a user leaves as
+    soon as `cap` candidates beat their positive, so most users never score most items. The
+    count is exact either way, and does not depend on the order the items are scored in.
 
     The chunks' users are consecutive, so each chunk's training items are one slice of
-    `train_items`; every slice bound is read to the host at once, before the loop, and the loop
-    itself never waits for the device (ml-20m: one sync instead of one per chunk, ~3,500).
-    Same scores and mask as `masked_scores`.
+    `train_items`; every slice bound is read to the host at once, before the loop (ml-20m: one
+    sync instead of one per chunk, ~3,500). Same scores and mask as `masked_scores`.
     """
     device = offsets.device
     step = chunk_users(n_items, max_rows)
@@ -213,17 +272,86 @@ def full_ranks(
         return out[0]
     at = torch.tensor([*starts, user_end], dtype=torch.int64, device=device)
     bounds = offsets[at].tolist()  # the one host read
+    blocks = cap is not None and bool(getattr(model, "subset_scoring", False))
+    order = popular_first(train_items, n_items) if blocks else None
     for c, s in enumerate(starts):
         e = min(s + step, user_end)
         users = torch.arange(s, e, dtype=torch.int64, device=device)
-        scores = _score_all(model, users, n_items, prev[s:e] if prev is not None else None)
         lo, hi = bounds[c], bounds[c + 1]
+        known = torch.zeros(e - s, n_items, dtype=torch.bool, device=device)
         if hi > lo:
             pos = torch.arange(lo, hi, dtype=torch.int64, device=device)
             rows = torch.searchsorted(offsets[s + 1 : e + 1].contiguous(), pos, right=True)
-            scores[rows, train_items[lo:hi].long()] = float("-inf")
-        out.append(masked_ranks(scores, test_items[s:e]))
+            known[rows, train_items[lo:hi].long()] = True
+        p = prev[s:e] if prev is not None else None
+        if order is not None and cap is not None:
+            out.append(_capped_ranks(model, users, p, known, test_items[s:e], order, cap))
+            continue
+        scores = _score_all(model, users, n_items, p).masked_fill_(known, float("-inf"))
+        ranks = masked_ranks(scores, test_items[s:e])
+        out.append(ranks if cap is None else ranks.clamp(max=cap))
     return torch.cat(out)
+
+
+def popular_first(train_items: torch.Tensor, n_items: int) -> torch.Tensor:
+    """int64 [n_items]: the items by training positives, most first (ties by id). Popular items
+    tend to score high, so `_capped_ranks` finds a user's `cap` beaters sooner; any order gives
+    the same ranks."""
+    counts = torch.zeros(n_items, dtype=torch.int64, device=train_items.device)
+    counts.index_add_(0, train_items.long(), torch.ones_like(train_items, dtype=torch.int64))
+    return torch.sort(counts, descending=True, stable=True).indices
+
+
+def _beats(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """scores [U, B] (masked: -inf), pos [U] -> bool [U, B]: the candidates that rank ahead of
+    the positive under `masked_ranks`' rule (>= it, or NaN; all of them if it is NaN)."""
+    candidate = scores != float("-inf")
+    beats = (scores >= pos[:, None]) | torch.isnan(scores)
+    return (beats | torch.isnan(pos)[:, None]) & candidate
+
+
+def _capped_ranks(
+    model: torch.nn.Module,
+    users: torch.Tensor,
+    prev: torch.Tensor | None,
+    known: torch.Tensor,
+    pos_items: torch.Tensor,
+    order: torch.Tensor,
+    cap: int,
+) -> torch.Tensor:
+    """min(rank, cap) of each user's positive, as masked_ranks on the full masked score
+    matrix would give, scoring the items in blocks and dropping users once `cap` beat them.
+
+    users [U], prev [U] or None, known bool [U, n_items] (True: excluded), pos_items [U],
+    order [n_items] (`popular_first`). The first block is the chunk's positives (each user's
+    own positive is scored there, by the same call as its rivals), then the other items in
+    `order`, FIRST_BLOCK first and doubling. One host read per block, to drop finished users.
+    """
+    n_users, n_items = known.shape
+    pos_items = pos_items.long()
+    firsts = torch.unique(pos_items)  # sorted
+    own = torch.searchsorted(firsts, pos_items)  # each user's positive, as a column of firsts
+    rows = torch.arange(n_users, device=users.device)
+    scores = _score_all(model, users, n_items, prev, firsts)
+    scores.masked_fill_(known[:, firsts], float("-inf"))
+    pos = scores[rows, own]
+    beats = _beats(scores, pos)
+    beats[rows, own] = False
+    count = beats.sum(dim=1)
+    taken = torch.zeros(n_items, dtype=torch.bool, device=users.device)
+    taken[firsts] = True
+    rest = order[~taken[order]]
+    left = rows[count < cap]
+    i0, width = 0, FIRST_BLOCK
+    while i0 < rest.shape[0] and left.numel():
+        items = rest[i0 : i0 + width]
+        p = prev[left] if prev is not None else None
+        scores = _score_all(model, users[left], n_items, p, items)
+        scores.masked_fill_(known[left[:, None], items[None, :]], float("-inf"))
+        count[left] += _beats(scores, pos[left]).sum(dim=1)
+        left = left[count[left] < cap]
+        i0, width = i0 + width, 2 * width
+    return count.clamp(max=cap)
 
 
 @torch.no_grad()

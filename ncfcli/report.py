@@ -42,8 +42,44 @@ def _split(meta: dict[str, Any]) -> str:
     return f"leave-one-out ({meta.get('split', 'time')}): {held} per user, {how}"
 
 
+def _folder_files(folder: Path) -> list[dict[str, Any]]:
+    """The top-level files, and each folder summed up in one row (a dataset has a file or
+    more per bucket, thousands at scale)."""
+    out = []
+    for f in sorted(folder.iterdir()):
+        if f.name.startswith("."):
+            continue
+        if f.is_file():
+            out.append({"path": f.name, "bytes": f.stat().st_size})
+        elif f.is_dir():
+            inner = _files(f)
+            out.append({"path": f"{f.name}/ ({len(inner)} files)",
+                        "bytes": sum(x["bytes"] for x in inner)})  # fmt: skip
+    return out
+
+
+def _buckets(folder: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per bucket: its users, training rows, validation items and bytes on disk."""
+    from ncfcli.data.dataset import HELDOUT_DIR, TRAIN_DIR, part_name
+
+    out = []
+    for b, entry in enumerate(meta.get("buckets") or []):
+        part = part_name(b)
+        train = folder / TRAIN_DIR / f"{part}.parquet"
+        size = train.stat().st_size if train.is_file() else 0
+        size += sum(f["bytes"] for f in _files(folder / HELDOUT_DIR / part)) if (
+            folder / HELDOUT_DIR / part).is_dir() else 0  # fmt: skip
+        lo, hi = entry["users"]
+        out.append({"bucket": b, "users": [lo, hi], "n_users": hi - lo,
+                    "train": int(entry["n_train"]), "validation": int(entry["n_valid"]),
+                    "bytes": size})  # fmt: skip
+    return out
+
+
 def dataset_report(folder: Path) -> dict[str, Any]:
-    meta = _read_json(folder / "meta.json")
+    from ncfcli.data.dataset import read_meta
+
+    meta = read_meta(folder)
     n_users, n_items = int(meta["n_users"]), int(meta["n_items"])
     held = int(meta.get("n_test", n_users)) + int(meta.get("n_valid") or 0)
     positives = int(meta["n_train"]) + held
@@ -68,7 +104,8 @@ def dataset_report(folder: Path) -> dict[str, Any]:
         "fingerprint": meta.get("fingerprint"),
         "created": meta.get("created"),
         "titles": (folder / "item_titles.parquet").is_file(),
-        "files": _files(folder),
+        "buckets": _buckets(folder, meta),
+        "files": _folder_files(folder),
     }
 
 
@@ -146,6 +183,8 @@ def inspect_path(arg: str | Path) -> dict[str, Any]:
     if not p.exists() and "/" not in str(arg):
         candidates += [cache_dir() / str(arg), Path(RUNS_DIR) / str(arg)]
     for c in candidates:
+        if (c / "tune.json").is_file():
+            return tune_report(c)
         if (c / "meta.json").is_file():
             return dataset_report(c)
         if (c / "config.json").is_file():
@@ -165,12 +204,73 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def tune_report(folder: Path) -> dict[str, Any]:
+    """A tune directory's report.json (written at the end of each `ncf tune`)."""
+    path = folder / "report.json"
+    if not path.is_file():
+        raise NcfError(f"{folder} is a tune that has not finished a search yet (no report.json)")
+    report = _read_json(path)
+    report["path"] = str(folder)
+    report["files"] = _folder_files(folder)
+    return report
+
+
+def print_tune_report(console: Any, report: dict[str, Any]) -> None:
+    """The chosen trial, the trials by state, the best of each kind, the importances."""
+    from rich.table import Table
+
+    from ncfcli.ui import summary_table
+
+    trials = report["trials"]
+    states: dict[str, int] = {}
+    for t in trials:
+        states[t["state"]] = states.get(t["state"], 0) + 1
+    rows: list[tuple[str, Any]] = [
+        ("trials", ", ".join(f"{n} {s}" for s, n in sorted(states.items()))),
+        ("time used", f"{report.get('spent_seconds', 0):.0f} s"),
+    ]
+    best = report.get("best")
+    if best:
+        rows += [("chosen", f"trial {best['number']}: {best['model']}"),
+                 ("settings", ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items())),
+                 ("validation", f"HR@10 {best['validation']['hr@10']:.4f}  "
+                                f"NDCG@10 {best['validation']['ndcg@10'] or 0:.4f}")]  # fmt: skip
+        for protocol, m in best["test"].items():
+            rows.append(
+                (f"test, {protocol}", f"HR@10 {m['hr@10']:.4f}  NDCG@10 {m['ndcg@10']:.4f}")
+            )
+        rows.append(("run", best["run_dir"]))
+    title = f"ncf tune: {report.get('path') or report.get('tune_dir')}"
+    console.print(summary_table(title, rows))
+    kinds = Table(title="best trial of each kind (validation)", title_justify="left")
+    for name in ("kind", "trials", "HR@10", "NDCG@10", "trial"):
+        kinds.add_column(name, justify="left" if name == "kind" else "right")
+    for kind in sorted({t["model"] for t in trials if t["model"]}):
+        mine = [t for t in trials if t["model"] == kind]
+        done = [t for t in mine if t["state"] == "complete"]
+        top = max(done, key=lambda t: t["validation_hr@10"], default=None)
+        kinds.add_row(kind, str(len(mine)), f"{top['validation_hr@10']:.4f}" if top else "-",
+                      f"{top['validation_ndcg@10'] or 0:.4f}" if top else "-",
+                      str(top["number"]) if top else "-")  # fmt: skip
+    console.print(kinds)
+    for scope, values in (report.get("importances") or {}).items():
+        shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(values.items(), key=lambda kv: -kv[1]))
+        console.print(f"importance ({scope}): {shown}")
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
 def print_report(console: Any, report: dict[str, Any]) -> None:
     """The report as two small tables: the facts, then the files."""
     from rich.table import Table
 
     from ncfcli.ui import summary_table
 
+    if report.get("kind") == "tune":
+        print_tune_report(console, report)
+        return
     rows: list[tuple[str, Any]]
     if report["kind"] == DATASET:
         rows = [("source", report["source"]), ("users", f"{report['users']:,}"),
@@ -199,9 +299,36 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
         rows += [("lr / batch", f"{t.get('lr')} / {t.get('batch_size')}"),
                  ("device", f"{report['device']} x {report['world_size']}")]  # fmt: skip
     console.print(summary_table(f"ncf inspect: {report['kind']} {report['path']}", rows))
+    if report.get("buckets"):
+        console.print(_bucket_table(report["buckets"]))
     files = Table(title="files", title_justify="left", show_header=False)
     files.add_column()
     files.add_column(justify="right")
     for f in report["files"]:
         files.add_row(f["path"], _size(f["bytes"]))
     console.print(files)
+
+
+SHOWN_BUCKETS = 12  # more are summed up in one row
+
+
+def _bucket_table(buckets: list[dict[str, Any]]) -> Any:
+    """Buckets as rows (users, training rows, validation items, size); past SHOWN_BUCKETS the
+    rest in one row with their smallest and largest training rows."""
+    from rich.table import Table
+
+    table = Table(title=f"{len(buckets)} buckets (ranges of users; training shards)",
+                  title_justify="left")  # fmt: skip
+    for name in ("bucket", "users", "train rows", "validation", "size"):
+        table.add_column(name, justify="left" if name == "users" else "right")
+    for b in buckets[:SHOWN_BUCKETS]:
+        lo, hi = b["users"]
+        table.add_row(str(b["bucket"]), f"{lo:,}-{hi - 1:,}" if hi > lo else "none",
+                      f"{b['train']:,}", f"{b['validation']:,}", _size(b["bytes"]))  # fmt: skip
+    rest = buckets[SHOWN_BUCKETS:]
+    if rest:
+        rows = [b["train"] for b in rest]
+        table.add_row(f"{len(rest)} more", f"{rest[0]['users'][0]:,}-{rest[-1]['users'][1] - 1:,}",
+                      f"{min(rows):,} to {max(rows):,}", f"{sum(b['validation'] for b in rest):,}",
+                      _size(sum(b["bytes"] for b in rest)))  # fmt: skip
+    return table

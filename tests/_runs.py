@@ -58,13 +58,12 @@ def make_run(data_dir: Path, out: Path, kind: str = "neumf", seed: int = 0) -> P
 
 def rewrite_dataset(src: Path, out: Path, seed: int) -> Path:
     """A copy of `src` with another seed in meta.json: same shape, a different fingerprint."""
-    import numpy as np
 
-    from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, load_id_maps, write_prepared
+    from ncfcli.data.dataset import load_id_maps, read_arrays, write_prepared
 
     meta = read_meta(src)
-    names = [*ARRAYS, *(VALID_ARRAYS if meta["validation"] else [])]
-    arrays = {name: np.load(src / f"{name}.npy") for name in names}
+    arrays = read_arrays(src)
+    arrays.pop("train_age", None)
     users, items = load_id_maps(src)
     keep = ("n_users", "n_items", "n_train", "n_test", "eval_negatives", "source", "options",
             "split")  # fmt: skip

@@ -262,6 +262,7 @@ def test_training_under_cupy_rules_gives_numpys_run(
     from ncfcli import train as train_mod
     from ncfcli.distributed import DistEnv
     from ncfcli.train import loop as train_loop
+    from ncfcli.train import shard as train_shard
 
     def run(out: Path) -> list[dict[str, Any]]:
         cfg = train_mod.TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu",
@@ -275,7 +276,8 @@ def test_training_under_cupy_rules_gives_numpys_run(
 
     want = run(tmp_path / "numpy")
     monkeypatch.setattr(train_loop, "get_backend", lambda device, index=0: strict_backend())
-    monkeypatch.setattr(train_loop, "load_prepared", lambda path, backend: _strict_data(Path(path)))
+    monkeypatch.setattr(train_shard, "load_prepared",
+                        lambda path, backend, buckets=None: _strict_data(Path(path)))  # fmt: skip
     reads = strict.reads
     with no_implicit_numpy():
         got = run(tmp_path / "strict")

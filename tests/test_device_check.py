@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ("machine", "tests", "prepare", "train-tf32", "eval-full",
+STEPS = ("machine", "tests", "prepare", "prepare-dask", "train-tf32", "eval-full",
          "eval-sampled", "export", "recommend", "refit", "order", "large-batch",
          "scaling")  # fmt: skip
 # A step's verdict line (device_check.sh `step`/`skip`): pytest's own "SKIPPED [1] ..." is not one.

@@ -246,12 +246,19 @@ def test_the_last_checkpoint_as_well_as_the_chosen_one(prepared_dir: Path, tmp_p
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     chosen = max(rows, key=lambda r: (r["validation"]["hr@10"], r["validation"]["ndcg@10"]))
-    for which, row in (("last", rows[-1]), ("best", chosen)):
-        res = ncf("eval", run, "-k", "10", "--checkpoint", which, "--json")
+    # Train logs validation every epoch and the test set only for an epoch that became the
+    # best so far (the chosen one among them).
+    checks = [
+        ("last", "validation", rows[-1]),
+        ("best", "validation", chosen),
+        ("best", "test", chosen),
+    ]
+    for which, split, row in checks:
+        res = ncf("eval", run, "-k", "10", "--checkpoint", which, "--split", split, "--json")
         assert res.exit_code == 0, res.output
         got = json.loads(res.stdout)["metrics"]
-        assert got["hr@10"] == pytest.approx(row["test"]["hr@10"], abs=1e-12), which
-        assert got["ndcg@10"] == pytest.approx(row["test"]["ndcg@10"], abs=1e-12), which
+        assert got["hr@10"] == pytest.approx(row[split]["hr@10"], abs=1e-12), which
+        assert got["ndcg@10"] == pytest.approx(row[split]["ndcg@10"], abs=1e-12), which
     saved = json.loads((run / "eval.json").read_text())["results"]
     assert {(r["checkpoint"], r["epoch"]) for r in saved} == {
         ("checkpoints/last.pt", 3),

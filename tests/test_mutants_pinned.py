@@ -13,13 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, read_meta
+from ncfcli.data.dataset import load_id_maps, read_arrays, read_meta
 from tests._runs import make_run
 
 runner = CliRunner()
@@ -42,7 +41,7 @@ def test_prepare_draws_100_eval_negatives_by_default_through_the_cli(tmp_path: P
     assert json.loads(res.stdout)["eval_negatives"] == 100
     meta = read_meta(out)
     assert meta["eval_negatives"] == 100
-    assert np.load(out / "test_negatives.npy").shape == (meta["n_users"], 100)
+    assert read_arrays(out)["test_negatives"].shape == (meta["n_users"], 100)
 
 
 def test_prepare_draws_100_eval_negatives_by_default_through_the_api(tmp_path: Path) -> None:
@@ -50,7 +49,7 @@ def test_prepare_draws_100_eval_negatives_by_default_through_the_api(tmp_path: P
 
     ds = ncfcli.prepare("synthetic", tmp_path / "api", device="cpu", **TINY_SOURCE)
     assert ds.meta["eval_negatives"] == 100
-    assert np.load(ds.path / "test_negatives.npy").shape == (ds.users, 100)
+    assert read_arrays(ds.path)["test_negatives"].shape == (ds.users, 100)
 
 
 # ---- --all-users in chunks that do not divide the users -------------------------------------

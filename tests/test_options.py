@@ -97,6 +97,7 @@ def test_the_hidden_aliases_are_the_documented_ones() -> None:
         "eval": {"--k": "--top-k", "--topk": "--top-k", "--batch-rows": "--eval-batch",
                  "--valid_batch_size": "--eval-batch"},
         "export": {},
+        "tune": {},
         "recommend": {"--topk": "--top-k", "--batch-rows": "--eval-batch",
                       "--valid_batch_size": "--eval-batch"},
     }  # fmt: skip

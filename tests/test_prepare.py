@@ -154,8 +154,9 @@ def test_json_output_is_one_object(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"out", "split", "n_users", "n_items", "n_train", "n_valid", "n_test",
-                        "eval_negatives", "seconds"}  # fmt: skip
+                        "eval_negatives", "n_buckets", "engine", "engine_reason", "seconds"}  # fmt: skip
     assert got["out"] == str(tmp_path / "o") and got["eval_negatives"] == 2
+    assert got["engine"] == "memory" and got["engine_reason"].startswith("auto: needs ~")
     assert isinstance(got["seconds"], float)
 
 
@@ -230,8 +231,9 @@ def test_negatives_and_split_are_exact(synthetic_dirs: tuple[Path, Path, Path]) 
 
 def test_same_seed_same_bytes(synthetic_dirs: tuple[Path, Path, Path]) -> None:
     a, b, c = synthetic_dirs
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    assert "heldout/part-00000/test_negatives.npy" in names and len(names) > 20
     for name in names:
         if name != "meta.json":
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
@@ -239,7 +241,8 @@ def test_same_seed_same_bytes(synthetic_dirs: tuple[Path, Path, Path]) -> None:
     ma.pop("created")
     mb.pop("created")
     assert ma == mb
-    assert (a / "test_negatives.npy").read_bytes() != (c / "test_negatives.npy").read_bytes()
+    negatives = "heldout/part-00000/test_negatives.npy"
+    assert (a / negatives).read_bytes() != (c / negatives).read_bytes()
 
 
 def test_row_order_does_not_matter(tmp_path: Path) -> None:
@@ -248,8 +251,10 @@ def test_row_order_does_not_matter(tmp_path: Path) -> None:
     src2 = write_lines(tmp_path / "x" / "u.data", ["\t".join(map(str, r)) for r in ROWS[::-1]])
     for src, out in ((src1, "o1"), (src2, "o2")):
         assert ncf(src, "--out", tmp_path / out, "--eval-negatives", 2).exit_code == 0
-    for name in ("train_users.npy", "train_items.npy", "test_items.npy", "test_negatives.npy"):
-        assert (tmp_path / "o1" / name).read_bytes() == (tmp_path / "o2" / name).read_bytes()
+    one, two = (load_prepared(tmp_path / o, get_backend("cpu")) for o in ("o1", "o2"))
+    for name in ("train_users", "train_items", "test_items", "test_negatives"):
+        assert np.array_equal(getattr(one, name), getattr(two, name)), name
+    assert one.meta["array_sha256"] == two.meta["array_sha256"]
 
 
 def test_dedup_with_wide_timestamps(tmp_path: Path) -> None:
@@ -445,9 +450,12 @@ def test_no_validation_is_the_ncf_protocol(
               "--eval-negatives", 50, "--seed", 3, "--out", out, "--no-validation")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in out.iterdir()) == [
-        ".ncf-output.json", "item_ids.parquet", "meta.json", "test_items.npy", "test_negatives.npy",
-        "train_age.npy", "train_items.npy", "train_users.npy", "user_ids.parquet"]  # fmt: skip
-    for name in ("test_items.npy", "test_negatives.npy", "user_ids.parquet", "item_ids.parquet"):
+        ".ncf-output.json", "heldout", "item_ids.parquet", "meta.json", "train",
+        "user_ids.parquet"]  # fmt: skip
+    assert sorted(p.name for p in (out / "heldout" / "part-00000").iterdir()) == [
+        ".ncf-output.json", "test_items.npy", "test_negatives.npy"]  # fmt: skip
+    for name in ("heldout/part-00000/test_items.npy", "heldout/part-00003/test_negatives.npy",
+                 "user_ids.parquet", "item_ids.parquet"):  # fmt: skip
         assert (out / name).read_bytes() == (with_valid / name).read_bytes(), name
     nv, v = load_prepared(out, get_backend("cpu")), load_prepared(with_valid, get_backend("cpu"))
     assert not nv.has_validation and nv.meta["n_valid"] == 0 and not nv.meta["validation"]
@@ -470,6 +478,19 @@ def test_an_old_dataset_is_one_line(
         app, ["train", str(old), "--device", "cpu", "--out", str(tmp_path / "r")]
     )
     expect_error(res, "format version 1", "no validation split", "re-run `ncf prepare`")
+
+
+def test_a_version_2_dataset_is_one_line(tmp_path: Path) -> None:
+    """A dataset of ncf 0.6 (one .npy per array, no buckets) is refused by every command that
+    reads one, in one line, before anything reads its arrays."""
+    old = tmp_path / "v2"
+    old.mkdir()
+    meta = {"format_version": 2, "n_users": 3, "n_items": 5, "n_train": 4, "eval_negatives": 2}
+    (old / "meta.json").write_text(json.dumps(meta))
+    np.save(old / "train_users.npy", np.zeros(4, np.int32))
+    for command in (["train", str(old), "--out", str(tmp_path / "r")], ["inspect", str(old)]):
+        res = CliRunner().invoke(app, [*command, *(["--device", "cpu"] * (command[0] == "train"))])
+        expect_error(res, "format version 2", "not cut into buckets", "re-run `ncf prepare`")
 
 
 NO_TIME = ["user,item,rating"] + [f"{u},{i},{r}" for u, i, r, _ in ROWS]

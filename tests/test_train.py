@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ncfcli.checkpoint import load_checkpoint, load_run
 from ncfcli.cli import app
+from ncfcli.data.dataset import read_arrays
 from ncfcli.train import evaluation as train_evaluation
 from ncfcli.train import optim as train_optim
 from tests.conftest import _tiny_prepared
@@ -31,9 +32,12 @@ def metrics(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def scores(run: Path) -> list[tuple[float, float, float]]:
-    return [(m["loss"], m["validation"]["hr@10"], m["validation"]["ndcg@10"], m["test"]["hr@10"],
-             m["test"]["ndcg@10"]) for m in metrics(run)]  # fmt: skip
+def scores(run: Path) -> list[tuple[Any, ...]]:
+    """Per epoch: the loss, validation's figures and the test's (None where an epoch did not
+    become the best so far: only those read the test set)."""
+    return [(m["loss"], m["validation"]["hr@10"], m["validation"]["ndcg@10"],
+             *((m["test"]["hr@10"], m["test"]["ndcg@10"]) if m["test"] else (None, None)))
+            for m in metrics(run)]  # fmt: skip
 
 
 def one_error_line(result: Any) -> str:
@@ -223,14 +227,15 @@ def test_dataset_errors(tmp_path: Path, prepared_dir: Path) -> None:
     result = ncf("train", future, "--device", "cpu")
     assert result.exit_code == 1 and "version 99" in one_error_line(result)
 
-    truncated = tmp_path / "truncated"
-    truncated.mkdir()
-    for f in prepared_dir.iterdir():
-        (truncated / f.name).write_bytes(f.read_bytes())
-    (truncated / "train_items.npy").write_bytes(b"\x93NUMPY garbage")
-    result = ncf("train", truncated, "--device", "cpu", "--out", tmp_path / "r")
-    assert result.exit_code == 1 and "train_items.npy" in one_error_line(result)
-    assert not (tmp_path / "r").exists()
+    import shutil
+
+    for broken in ("train/part-00001.parquet", "heldout/part-00002/test_negatives.npy"):
+        truncated = tmp_path / "truncated" / broken.replace("/", "_")
+        shutil.copytree(prepared_dir, truncated)
+        (truncated / broken).write_bytes(b"\x93NUMPY garbage")
+        result = ncf("train", truncated, "--device", "cpu", "--out", tmp_path / "r")
+        assert result.exit_code == 1 and broken in one_error_line(result)
+        assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize(
@@ -421,7 +426,7 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
         2: {"validation": (0.5, 0.30), "test": (0.3, 0.15)},
         3: {"validation": (0.5, 0.25), "test": (0.6, 0.40)},
     }
-    test_items = np.load(prepared_dir / "test_items.npy")
+    test_items = read_arrays(prepared_dir)["test_items"]
     calls: list[str] = []
 
     def evaluate(model: Any, eval_set: tuple[Any, ...], env: Any, max_rows: int) -> dict:
@@ -434,7 +439,9 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
     run = tmp_path / "chosen"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "--json")
     assert result.exit_code == 0, result.output
-    assert sorted(calls) == ["test"] * 3 + ["validation"] * 3
+    # The test set is read for epochs 1 and 2, which became the best so far, never for 3.
+    assert sorted(calls) == ["test"] * 2 + ["validation"] * 3
+    assert [m["test"] is not None for m in metrics(run)] == [True, True, False]
     out = json.loads(result.stdout)
     assert (out["best_epoch"], out["selected_by"]) == (2, "validation")
     assert out["validation"] == {"hr@10": 0.5, "ndcg@10": 0.30}

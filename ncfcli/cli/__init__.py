@@ -10,7 +10,7 @@ from ncfcli.cli.app import ALIASES, app, apply_aliases, as_typed, fail, main, us
 
 # Each module registers its command on `app`; `ncf --help` lists them in this (the pipeline's)
 # order.
-COMMANDS = ("prepare", "train", "eval", "export", "recommend", "inspect", "info")
+COMMANDS = ("prepare", "train", "tune", "eval", "export", "recommend", "inspect", "info")
 for _command in COMMANDS:
     importlib.import_module(f"{__name__}.{_command}")
 

@@ -50,8 +50,12 @@ def _report(meta: dict[str, Any], backend: Any, seconds: float, json_out: bool) 
     peak = backend.peak_memory_bytes()  # None on the CPU
     if json_out:
         extra = {} if peak is None else {"peak_gpu_bytes": peak}
+        if meta.get("dask"):
+            extra["dask"] = meta["dask"]
         print_json({"out": meta["out"], "split": meta["split"], **{k: int(meta[k]) for k in keys},
-                    "seconds": seconds, **extra})  # fmt: skip
+                    "n_buckets": meta["n_buckets"], "engine": meta["engine"],
+                    "engine_reason": meta["engine_reason"], "seconds": seconds,
+                    **extra})  # fmt: skip
         return
     rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
     held = "test + validation" if meta["validation"] else "test only (--no-validation)"
@@ -62,6 +66,8 @@ def _report(meta: dict[str, Any], backend: Any, seconds: float, json_out: bool) 
     rows += [
         ("dropped users", f"{meta['dropped_users']:,}"),
         ("duplicates collapsed", f"{meta['n_duplicates']:,}"),
+        ("buckets", f"{meta['n_buckets']:,}"),
+        ("engine", f"{meta['engine']} ({meta['engine_reason']})"),
         ("backend", backend.describe()),
         ("seconds", f"{seconds:.2f}"),
     ]

@@ -173,12 +173,15 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),
-        ("test HR@10", f"{result.metrics['hr@10']:.4f}"),
-        ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}"),
+        *([("test HR@10", f"{result.metrics['hr@10']:.4f}"),
+           ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}")] if result.metrics else []),
         ("samples/s", si(result.samples_per_second)),
         ("seconds", f"{result.seconds:.1f}"),
         ("parameters", si(result.parameters)),
         ("device", f"{result.device} x {result.world_size}"),
+        *([("shard", "users: training rows per rank "
+            + ", ".join(si(n) for n in result.shard["rank_rows"]))]
+          if result.shard and result.shard["mode"] == "users" else []),
     ]  # fmt: skip
     out_console().print(summary_table("ncf train", rows))
 

@@ -24,6 +24,16 @@ backend:
 
 A resumed run needs no RNG state for its data: epoch e is rebuilt from the seed alone.
 
+A shard (`ncf train --shard users`, ncfcli/train/shard.py) is a rank that holds only its own
+users' positives: its sampler is made with `common` (the most samples any rank has) and
+`stream` (1 + the shard's first bucket). It permutes its own n_r = n_pos * (1 + neg_per_pos)
+sample ids alone, keyed by (seed, epoch, stream), and every rank takes `common` positions, a
+rank with fewer samples wrapping round its own permutation (position p holds pi(p mod n_r)).
+So every rank runs the same steps of the same sizes (DDP's collectives pair up, and averaging
+the ranks' mean losses weighs every sample alike), and every sample is trained every epoch;
+the smaller ranks repeat their first few (about the imbalance of the bucket assignment).
+Taking the least instead would drop that many samples of the larger ranks each epoch.
+
 Verified negatives (the default) are drawn exactly, never by luck: for user u with E_u excluded
 items (the user's training positives), sorted e_0 < e_1 < ..., we draw
 r uniform in [0, n_items - E_u) and return the r-th item that is NOT excluded. That item is r + j
@@ -137,6 +147,8 @@ class NegativeSampler:
         env: DistEnv | None = None,
         pos_weight: Any = None,
         pos_prev: Any = None,
+        common: int | None = None,
+        stream: int = 0,
     ) -> None:
         if neg_per_pos < 0:
             raise NcfError(f"--neg-per-pos must be >= 0, got {neg_per_pos}")
@@ -153,6 +165,8 @@ class NegativeSampler:
         self.n_pos = int(self.pos_users.shape[0])
         self.pos_weight = pos_weight
         self.pos_prev = pos_prev
+        self.common = common  # a shard's samples per epoch (the module docstring); None: global
+        self.stream = stream
         # On a GPU each host sync stalls the launch queue, and binary searches cost the same in
         # any order: walk several Feistel passes per sync and skip the needle sort there.
         self.walk_passes = 1 if not backend.is_cuda else GPU_WALK_PASSES
@@ -219,14 +233,18 @@ class NegativeSampler:
 
     def samples_per_epoch(self, batch_size: int) -> int:
         """Samples this rank trains on per epoch with a per-rank batch of batch_size."""
+        if self.common is not None:
+            return self.common
         steps, tail, _ = self.positions(batch_size)
         return steps * batch_size + tail
 
     def _rank_positions(self, start: int, stop: int, batch_size: int) -> Any:
         """int64 epoch positions of this rank's samples start..stop (in its own step order)."""
         xp = self.xp
-        steps, tail, global_batch = self.positions(batch_size)
         local = xp.arange(start, stop, dtype=xp.int64)
+        if self.common is not None:  # a shard: its own permutation, wrapped round
+            return local % (self.n_pos * (1 + self.neg_per_pos))
+        steps, tail, global_batch = self.positions(batch_size)
         step, within = local // batch_size, local % batch_size
         full = step * global_batch + self.env.rank * batch_size + within
         # Beyond the full steps: this rank's even share of the tail.
@@ -240,8 +258,9 @@ class NegativeSampler:
         n_pos = self.n_pos
         total = n_pos * (1 + self.neg_per_pos)
         n = self.samples_per_epoch(batch_size)
-        perm = KeyedPermutation(total, _salt(self.seed, epoch, 0), xp, self.walk_passes)
-        neg_salt = _salt(self.seed, epoch, 1)
+        streams = 2 * self.stream  # 0 and 1 for the whole data, others for a shard's
+        perm = KeyedPermutation(total, _salt(self.seed, epoch, streams), xp, self.walk_passes)
+        neg_salt = _salt(self.seed, epoch, streams + 1)
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)

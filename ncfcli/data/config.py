@@ -11,10 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
-from ncfcli.options import DATA, EVAL, OUTPUT, opt
+from ncfcli.options import DATA, DEVICES, EVAL, OUTPUT, opt
 
 SYNTHETIC = "synthetic"
 SPLITS = ("time", "random")
+# Options that decide where and how the work runs, never the dataset's content (its arrays).
+HOW_NOT_WHAT = (
+    "source",
+    "out",
+    "cache_dir",
+    "overwrite",
+    "buckets",
+    "engine",
+    "workers",
+    "memory_limit",
+    "scheduler",
+    "test",
+)  # `test`: meta's source records its sha256
+ENGINES = ("auto", "memory", "dask")
 
 
 @dataclass(frozen=True)
@@ -55,8 +69,9 @@ class PrepareConfig:
     users: int | None = opt(None, "synthetic: number of users.", DATA, shown="by --preset")
     items: int | None = opt(None, "synthetic: number of items.", DATA, shown="by --preset")
     interactions: int | None = opt(
-        None, "synthetic: number of raw interactions.", DATA, shown="by --preset"
-    )
+        None, "synthetic: number of raw interactions.", DATA, shown="by --preset",
+        flags=("--interactions", "--rows"),
+    )  # fmt: skip
     preset: str | None = opt(
         None, "synthetic: ml-100k, ml-1m or ml-20m shape.", DATA, shown="ml-100k"
     )
@@ -67,6 +82,31 @@ class PrepareConfig:
     overwrite: bool = opt(
         False, "Replace ncf's own earlier output at --out (never other files).", OUTPUT
     )
+    test: str | None = opt(
+        None, "A file of held-out items, one (user, item) a user: the test split as given "
+        "(MLPerf's test file); only the negatives are drawn.", DATA, cli_type=Path, parse=str,
+        shown="leave-one-out by --split",
+    )  # fmt: skip
+    engine: str = opt(
+        "auto", "memory: one process; dask: out of core on a Dask cluster; auto: dask when "
+        "the input is larger than a share of free memory.", DEVICES,
+    )  # fmt: skip
+    workers: int | None = opt(
+        None, "dask: worker processes of the local cluster.", DEVICES,
+        shown="CPU cores, or GPUs with --device cuda",
+    )  # fmt: skip
+    memory_limit: str | None = opt(
+        None, "dask: memory of each local worker (4GiB, 500MB); it spills to disk beyond.",
+        DEVICES, shown="RAM / workers",
+    )  # fmt: skip
+    scheduler: str | None = opt(
+        None, "dask: a running scheduler's address (tcp://host:8786) or scheduler file.",
+        DEVICES, shown="a local cluster",
+    )  # fmt: skip
+    buckets: int | None = opt(
+        None, "Ranges of users the dataset is cut into (files; training shards).", OUTPUT,
+        shown="about 2M rows each, at least 8",
+    )  # fmt: skip
 
     def validate(self) -> None:
         if not self.source:
@@ -75,6 +115,23 @@ class PrepareConfig:
             raise NcfError(f"--eval-negatives must be >= 1, got {self.eval_negatives}")
         if self.min_interactions < 1:
             raise NcfError(f"--min-interactions must be >= 1, got {self.min_interactions}")
+        if self.engine not in ENGINES:
+            raise NcfError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.workers is not None and self.workers < 1:
+            raise NcfError(f"--workers must be >= 1, got {self.workers}")
+        dask_only = {"--workers": self.workers, "--memory-limit": self.memory_limit,
+                     "--scheduler": self.scheduler}  # fmt: skip
+        given = [k for k, v in dask_only.items() if v is not None]
+        if self.engine == "memory" and given:
+            raise NcfError(f"{', '.join(given)} only apply to --engine dask (or auto)")
+        if self.scheduler is not None and (self.workers is not None
+                                           or self.memory_limit is not None):  # fmt: skip
+            raise NcfError("--workers and --memory-limit set up a local cluster; a --scheduler's "
+                           "workers are set up where they are started")  # fmt: skip
+        if self.test is not None and self.source == SYNTHETIC:
+            raise NcfError("--test does not apply to SOURCE synthetic, which makes its own split")
+        if self.buckets is not None and self.buckets < 1:
+            raise NcfError(f"--buckets must be >= 1, got {self.buckets}")
         if self.seed < 0:
             raise NcfError(f"--seed must be >= 0, got {self.seed}")
         if self.split not in SPLITS:
@@ -97,6 +154,6 @@ class PrepareConfig:
     def options(self) -> dict[str, Any]:
         """What shapes the content; not where it is read from or written to."""
         d = asdict(self)
-        for k in ("source", "out", "cache_dir", "overwrite"):
+        for k in HOW_NOT_WHAT:
             d.pop(k)
         return d

@@ -2,30 +2,33 @@
 
     python -c "from ncfcli.data.dataset import read_meta; print(read_meta('DATA_DIR'))"
 
-Layout (format version 2); dense ids: users 0..n_users-1, items 0..n_items-1:
+Layout (format version 3); dense ids: users 0..n_users-1, items 0..n_items-1. The users are
+cut into buckets, ranges of dense ids (ncfcli/data/buckets.py); every file below the top level
+holds one bucket, and the buckets concatenated in order are the whole arrays:
 
-    meta.json             format_version, counts, seed, source and its sha256, options, backend,
-                          split (time | random), validation (true | false), n_valid
-    train_users.npy       int32 [n_train]   training positives, sorted by (user, item), no duplicates
-    train_items.npy       int32 [n_train]
-    test_items.npy        int32 [n_users]   the held-out (latest) item of user u at row u
-    test_negatives.npy    int32 [n_users, eval_negatives]  distinct items, none a positive of u
-    valid_users.npy       int32 [n_valid]   users with a validation item, ascending
-    valid_items.npy       int32 [n_valid]   the validation (second-latest) item of valid_users[r]
-    valid_negatives.npy   int32 [n_valid, eval_negatives]  distinct items, none a positive
-    train_age.npy         int32 [n_train]   how many of the user's training positives are later
-                          than this one (0: the latest), by time and the split's tie rule
-    user_ids.parquet      column raw_id: row i is the raw id of dense user i
-    item_ids.parquet      column raw_id: row i is the raw id of dense item i
+    meta.json                 format_version, counts, seed, source and its sha256, options,
+                              backend, split (time | random), validation, n_valid, and `buckets`:
+                              per bucket its user range [lo, hi), n_train and n_valid
+    train/part-00000.parquet  columns user, item (int32) and, with a time order, age (int32):
+                              the bucket's training positives, sorted by (user, item), no repeats;
+                              age counts the user's training positives later than this one
+                              (0: the latest), by time and the split's tie rule
+    heldout/part-00000/       the bucket's held-out items, as .npy:
+        test_items.npy        int32 [hi - lo]   the held-out (latest) item of user lo + r at row r
+        test_negatives.npy    int32 [hi - lo, eval_negatives]  distinct items, none a positive
+        valid_users.npy       int32 [n_valid]   the bucket's users with a validation item
+        valid_items.npy       int32 [n_valid]   their validation (second-latest) item
+        valid_negatives.npy   int32 [n_valid, eval_negatives]
+    user_ids.parquet          column raw_id: row i is the raw id of dense user i
+    item_ids.parquet          column raw_id: row i is the raw id of dense item i
 
-The three valid_* arrays exist only when meta.json says "validation": true (`ncf prepare`
-without --no-validation). train_age.npy exists only when meta.json says "train_age": true
-(`--split time`; ncf 0.2 on): `ncf train --recency-weight` reads it. Version 2 added the
-validation arrays and the split; a version 1 directory is refused with one line asking to
-re-run `ncf prepare`.
+The valid_* files exist only when meta.json says "validation": true (`ncf prepare` without
+--no-validation), the age column only when it says "train_age": true (`--split time`). Version 3
+cut the data into buckets (one writer per bucket, one reader per training shard); version 2 had
+one .npy per array and is refused with one line asking to re-run `ncf prepare`, as is version 1.
 
-Arrays are plain .npy (no pickles) so they load straight onto a GPU; the id maps are Parquet
-because raw ids may be strings.
+Training rows are Parquet (one file a bucket that any Arrow or cuDF reader takes); the held-out
+arrays are plain .npy (no pickles, fixed width) so they load straight onto a GPU.
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ import numpy as np
 
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_dir
+from ncfcli.fsutil import MARKER, atomic_dir, write_marker
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 META = "meta.json"
 ARRAYS = {
     "train_users": np.int32,
@@ -59,6 +62,14 @@ VALID_ARRAYS = {
 AGE_ARRAY = {"train_age": np.int32}  # optional: only from a time split
 ID_MAPS = ("user_ids.parquet", "item_ids.parquet")
 SPLITS = ("test", "validation")  # the held-out sets a model is evaluated on
+TRAIN_DIR, HELDOUT_DIR = "train", "heldout"
+# Training arrays and their Parquet column; the rest are .npy files under heldout/part-NNNNN/.
+TRAIN_COLUMNS = {"train_users": "user", "train_items": "item", "train_age": "age"}
+HELDOUT = ("test_items", "test_negatives", "valid_users", "valid_items", "valid_negatives")
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}"
 
 
 @dataclass
@@ -75,6 +86,8 @@ class PreparedData:
     valid_items: Any = None
     valid_negatives: Any = None
     train_age: Any = None  # None without a time order (--split random, or an older dataset)
+    test_users: Any = None  # a shard's users (test_items[r] is test_users[r]'s); None: all, row u
+    shard: tuple[int, ...] | None = None  # the buckets of a shard view (load_prepared(buckets=))
     n_users: int = field(init=False)
     n_items: int = field(init=False)
 
@@ -94,7 +107,9 @@ class PreparedData:
     def held_out(self, split: str, xp: Any) -> tuple[Any, Any, Any]:
         """(users, held-out items, sampled negatives) of `split`, "test" or "validation"."""
         if split == "test":
-            users = xp.arange(self.n_users, dtype=xp.int32)
+            users = self.test_users
+            if users is None:
+                users = xp.arange(self.n_users, dtype=xp.int32)
             return users, self.test_items, self.test_negatives
         if split != "validation":
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -112,6 +127,7 @@ class PreparedData:
         """(offsets int64 [n_users + 1], items) in CSR form: what full ranking excludes when
         evaluating `split`, the training positives plus the user's other held-out item (a
         positive the model was not trained on, which must not count as a miss)."""
+        self._whole("full ranking")
         if not self.has_validation:
             return self.user_offsets(xp), self.train_items
         if split == "test":
@@ -123,6 +139,7 @@ class PreparedData:
     def seen(self, xp: Any) -> tuple[Any, Any]:
         """(offsets, items) in CSR form: every item each user interacted with in the prepared
         data, training, validation and test (`ncf recommend --exclude-seen`)."""
+        self._whole("the items each user has seen")
         users = [self.train_users, xp.arange(self.n_users, dtype=xp.int32)]
         items = [self.train_items, self.test_items]
         if self.has_validation:
@@ -169,6 +186,7 @@ class PreparedData:
 
         Only items before the one scored: nothing held out for `split` is read."""
         if split == "next":
+            self._whole("the latest item of every user")
             return self.test_items.astype(xp.int32)
         if split not in SPLITS:
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
@@ -178,6 +196,11 @@ class PreparedData:
         if split == "test" and self.has_validation:
             out[self.valid_users] = self.valid_items
         return out
+
+    def _whole(self, what: str) -> None:
+        """Refuse, in a shard view (load_prepared(buckets=)), what needs every user."""
+        if self.shard is not None:
+            raise NcfError(f"{what} needs the whole of {self.path}, not a shard of its buckets")
 
     def _time_order(self) -> Any:
         """train_age, or one line saying the dataset has none (what the order term needs)."""
@@ -207,7 +230,8 @@ class PreparedData:
                 "n_train": int(users.shape[0])}  # fmt: skip
         return PreparedData(path=self.path, meta=meta, train_users=users[order],
                             train_items=items[order], test_items=self.test_items,
-                            test_negatives=self.test_negatives, train_age=age)  # fmt: skip
+                            test_negatives=self.test_negatives, train_age=age,
+                            test_users=self.test_users, shard=self.shard)  # fmt: skip
 
     def as_trained(self, info: dict[str, Any], xp: Any) -> PreparedData:
         """The view of this data a run trained on, from the `dataset` record of its checkpoint:
@@ -271,7 +295,9 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise NcfError(f"{meta_path} is corrupt: {e}") from None
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version != FORMAT_VERSION:
-        why = " (older: no validation split)" if isinstance(version, int) and version < 2 else ""
+        why = {1: " (older: no validation split)", 2: " (older: not cut into buckets)"}.get(
+            version if isinstance(version, int) else 0, ""
+        )
         raise NcfError(
             f"{path} has dataset format version {version!r}{why}; this ncfcli reads version "
             f"{FORMAT_VERSION}: re-run `ncf prepare` on its source"
@@ -279,55 +305,196 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     return meta
 
 
-def load_prepared(path: str | os.PathLike, backend: Any) -> PreparedData:
-    """Load a prepared dataset onto `backend`'s device, checking shapes against meta.json."""
+def _names(meta: dict[str, Any]) -> dict[str, Any]:
+    """The arrays a dataset with this meta holds, and their dtypes."""
+    return {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {}),
+            **(AGE_ARRAY if meta.get("train_age") else {})}  # fmt: skip
+
+
+def _bucket_shapes(meta: dict[str, Any], entry: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    lo, hi = entry["users"]
+    n_train, n_valid, n_neg = entry["n_train"], entry["n_valid"], meta["eval_negatives"]
+    shapes = {"train_users": (n_train,), "train_items": (n_train,), "train_age": (n_train,),
+              "test_items": (hi - lo,), "test_negatives": (hi - lo, n_neg),
+              "valid_users": (n_valid,), "valid_items": (n_valid,),
+              "valid_negatives": (n_valid, n_neg)}  # fmt: skip
+    return {k: v for k, v in shapes.items() if k in _names(meta)}
+
+
+def read_bucket(path: str | os.PathLike, meta: dict[str, Any], index: int) -> dict[str, np.ndarray]:
+    """Bucket `index`'s arrays as host NumPy arrays, checked against meta.json."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    part = part_name(index)
+    names = _names(meta)
+    shapes = _bucket_shapes(meta, meta["buckets"][index])
+    out: dict[str, np.ndarray] = {}
+    f = path / TRAIN_DIR / f"{part}.parquet"
+    columns = [c for name, c in TRAIN_COLUMNS.items() if name in names]
+    try:
+        table = pq.read_table(f, columns=columns)
+        for name, col in TRAIN_COLUMNS.items():
+            if name in names:
+                out[name] = table.column(col).to_numpy()
+    except (OSError, KeyError, ValueError) as e:
+        raise NcfError(f"{f} is missing or corrupt: {str(e).splitlines()[0]}") from None
+    for name in HELDOUT:
+        if name in names:
+            f = path / HELDOUT_DIR / part / f"{name}.npy"
+            try:
+                out[name] = np.load(f, allow_pickle=False, mmap_mode="r")
+            except (OSError, ValueError) as e:
+                raise NcfError(f"{f} is missing or corrupt: {e}") from None
+    for name, a in out.items():
+        where = (path / HELDOUT_DIR / part / f"{name}.npy" if name in HELDOUT
+                 else path / TRAIN_DIR / f"{part}.parquet")  # fmt: skip
+        if a.dtype != names[name]:
+            raise NcfError(f"{where} has {name} of dtype {a.dtype}, expected "
+                           f"{np.dtype(names[name])}")  # fmt: skip
+        if tuple(a.shape) != shapes[name]:
+            raise NcfError(f"{where} has {name} of shape {tuple(a.shape)}, meta.json says "
+                           f"{shapes[name]}: the dataset is corrupt")  # fmt: skip
+    return out
+
+
+def load_prepared(path: str | os.PathLike, backend: Any,
+                  buckets: list[int] | None = None) -> PreparedData:  # fmt: skip
+    """Load a prepared dataset onto `backend`'s device, checking shapes against meta.json.
+
+    `buckets` (indices into meta's buckets) loads only those users' training rows and held-out
+    items: a training shard (`ncf train --shard users`); the view's `test_users` lists them."""
     path = Path(path)
     meta = read_meta(path)
-    arrays: dict[str, Any] = {}
-    names = {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {}),
-             **(AGE_ARRAY if meta.get("train_age") else {})}  # fmt: skip
-    for name, dtype in names.items():
-        f = path / f"{name}.npy"
-        try:
-            host = np.load(f, allow_pickle=False, mmap_mode="r")
-        except (OSError, ValueError) as e:
-            raise NcfError(f"{f} is missing or corrupt: {e}") from None
-        if host.dtype != dtype:
-            raise NcfError(f"{f} has dtype {host.dtype}, expected {np.dtype(dtype)}")
-        arrays[name] = backend.asarray(host) if backend.is_cuda else np.ascontiguousarray(host)
-    n_users, n_items, n_train = meta["n_users"], meta["n_items"], meta["n_train"]
-    expected = {
-        "train_users": (n_train,),
-        "train_items": (n_train,),
-        "test_items": (n_users,),
-        "test_negatives": (n_users, meta["eval_negatives"]),
-    }
-    if meta.get("train_age"):
-        expected["train_age"] = (n_train,)
-    if meta.get("validation"):
-        n_valid = meta["n_valid"]
-        expected.update(valid_users=(n_valid,), valid_items=(n_valid,),
-                        valid_negatives=(n_valid, meta["eval_negatives"]))  # fmt: skip
-    for name, shape in expected.items():
-        if tuple(arrays[name].shape) != shape:
-            raise NcfError(
-                f"{path / (name + '.npy')} has shape {tuple(arrays[name].shape)}, "
-                f"meta.json says {shape}: the dataset is corrupt"
-            )
-    if n_items <= 0 or n_users <= 0:
+    if meta["n_items"] <= 0 or meta["n_users"] <= 0:
         raise NcfError(f"{path}: meta.json declares an empty dataset")
+    entries = meta["buckets"]
+    chosen = list(range(len(entries))) if buckets is None else sorted(set(buckets))
+    if chosen and not 0 <= chosen[0] <= chosen[-1] < len(entries):
+        raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
+    pieces: dict[str, list[np.ndarray]] = {name: [] for name in _names(meta)}
+    for b in chosen:
+        for name, a in read_bucket(path, meta, b).items():
+            pieces[name].append(a)
+    arrays: dict[str, Any] = {}
+    for name, parts in pieces.items():
+        host = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        arrays[name] = backend.asarray(host) if backend.is_cuda else np.ascontiguousarray(host)
+    if buckets is not None:
+        users = [np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen]
+        host_users = np.concatenate(users) if users else np.zeros(0, np.int32)
+        arrays["test_users"] = backend.asarray(host_users) if backend.is_cuda else host_users
+        arrays["shard"] = tuple(chosen)
+    elif sum(e["n_train"] for e in entries) != meta["n_train"]:
+        raise NcfError(f"{path}/{META}: its buckets hold a different n_train than it declares: "
+                       "the dataset is corrupt")  # fmt: skip
     return PreparedData(path=path, meta=meta, **arrays)
 
 
+def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of a prepared dataset on the host, the buckets concatenated in order."""
+    from ncfcli.backend import get_backend
+
+    data = load_prepared(path, get_backend("cpu"))
+    return {name: getattr(data, name) for name in _names(data.meta)}
+
+
+class _Digest:
+    """sha256 of each array, fed bucket by bucket in order (so the digest does not depend on
+    how the users were cut into buckets), combined with the arrays' names, dtypes and shapes."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, Any] = {}
+        self.dtypes: dict[str, str] = {}
+        self.lengths: dict[str, list[int]] = {}
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, a in arrays.items():
+            a = np.ascontiguousarray(a)
+            self.parts.setdefault(name, hashlib.sha256()).update(a.tobytes())
+            self.dtypes[name] = str(a.dtype)
+            rows = self.lengths.setdefault(name, [0, *a.shape[1:]])
+            rows[0] += a.shape[0]
+
+    def hexdigest(self) -> str:
+        h = hashlib.sha256()
+        for name in sorted(self.parts):
+            h.update(name.encode())
+            h.update(self.dtypes[name].encode())
+            h.update(str(tuple(self.lengths[name])).encode())
+            h.update(self.parts[name].digest())
+        return h.hexdigest()
+
+
 def array_digest(arrays: dict[str, np.ndarray]) -> str:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(name.encode())
-        h.update(str(a.dtype).encode())
-        h.update(str(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
+    """The dataset digest (meta.json's array_sha256) of whole arrays, as if in one bucket."""
+    d = _Digest()
+    d.add(arrays)
+    return d.hexdigest()
+
+
+def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
+                 arrays: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Write bucket `index` (users lo <= u < hi) into `folder`, a dataset being written (any
+    engine's worker may call it); returns its entry for meta.json's `buckets`.
+
+    `arrays`: host arrays named as in ARRAYS, VALID_ARRAYS and AGE_ARRAY, this bucket's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    part = part_name(index)
+    columns = {col: pa.array(np.ascontiguousarray(arrays[name], dtype=np.int32))
+               for name, col in TRAIN_COLUMNS.items() if name in arrays}  # fmt: skip
+    (folder / TRAIN_DIR).mkdir(exist_ok=True)
+    pq.write_table(pa.table(columns), folder / TRAIN_DIR / f"{part}.parquet")
+    held = folder / HELDOUT_DIR / part
+    held.mkdir(parents=True, exist_ok=True)
+    for name in HELDOUT:
+        if name in arrays:
+            np.save(held / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=np.int32),
+                    allow_pickle=False)  # fmt: skip
+    n_valid = int(len(arrays["valid_users"])) if "valid_users" in arrays else 0
+    return {"users": [int(lo), int(hi)], "n_train": int(len(arrays["train_users"])),
+            "n_valid": n_valid}  # fmt: skip
+
+
+def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], user_ids: Any,
+                   item_ids: Any, meta: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """Complete a dataset whose buckets are written in `folder`: the id maps, then meta.json
+    with the format, bucket list, counts, digest (read back bucket by bucket) and fingerprint.
+
+    `user_ids`/`item_ids` are 1-D host sequences (NumPy, pandas or pyarrow) of raw ids in
+    dense-id order; `meta` holds the descriptive keys and "validation" / "train_age"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    meta = dict(meta)
+    meta["format_version"] = FORMAT_VERSION
+    meta["validation"] = bool(meta.get("validation"))
+    meta["train_age"] = bool(meta.get("train_age"))
+    meta.setdefault("split", "time")
+    meta["buckets"] = list(buckets)
+    meta["n_buckets"] = len(buckets)
+    meta["n_train"] = sum(int(b["n_train"]) for b in buckets)
+    meta["n_valid"] = sum(int(b["n_valid"]) for b in buckets)
+    meta["n_users"] = int(len(user_ids))
+    meta["n_items"] = int(len(item_ids))
+    meta["n_test"] = meta["n_users"]
+    digest = _Digest()
+    for index in range(len(buckets)):
+        digest.add(read_bucket(folder, meta, index))
+    meta["array_sha256"] = digest.hexdigest()
+    meta["fingerprint"] = fingerprint(meta)
+    for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
+        pq.write_table(pa.table({"raw_id": pa.array(ids)}), folder / fname)
+    (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    for sub in [folder / TRAIN_DIR, folder / HELDOUT_DIR,
+                *sorted((folder / HELDOUT_DIR).iterdir())]:  # fmt: skip
+        # ncf's record in every folder it writes: --overwrite replaces them, and only them.
+        write_marker(sub, "dataset", [e for e in os.listdir(sub) if e != MARKER])
+    return meta
 
 
 def write_prepared(
@@ -336,17 +503,17 @@ def write_prepared(
     user_ids: Any,
     item_ids: Any,
     meta: dict[str, Any],
+    n_buckets: int | None = None,
 ) -> dict[str, Any]:
-    """Write a prepared dataset atomically and return the completed meta.
+    """Write a prepared dataset atomically from whole arrays and return the completed meta.
 
     `arrays` are host NumPy arrays named as in ARRAYS, plus all or none of VALID_ARRAYS, plus
-    optionally train_age;
-    `user_ids`/`item_ids` are 1-D host sequences (NumPy, pandas or pyarrow) of raw ids in
-    dense-id order. `meta` holds the descriptive keys (counts, seed, source, options, backend,
-    ...); format_version, validation, n_valid, array_sha256 and fingerprint are filled in here.
+    optionally train_age, training rows sorted by (user, item); they are cut into `n_buckets`
+    ranges of users (default: buckets.default_buckets). `meta` holds the descriptive keys
+    (counts, seed, source, options, backend, ...); the format, buckets, validation, n_valid,
+    array_sha256 and fingerprint are filled in here.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from ncfcli.data.buckets import bucket_bounds, default_buckets
 
     missing = set(ARRAYS) - set(arrays)
     if missing:
@@ -354,24 +521,25 @@ def write_prepared(
     given = set(VALID_ARRAYS) & set(arrays)
     if given and given != set(VALID_ARRAYS):
         raise ValueError(f"write_prepared: validation needs all of {sorted(VALID_ARRAYS)}")
-    names = {**ARRAYS, **(VALID_ARRAYS if given else {}),
-             **(AGE_ARRAY if "train_age" in arrays else {})}  # fmt: skip
-    host = {k: np.ascontiguousarray(arrays[k], dtype=names[k]) for k in names}
-    meta = dict(meta)
-    meta["format_version"] = FORMAT_VERSION
-    meta["validation"] = bool(given)
-    meta["train_age"] = "train_age" in arrays
-    meta["n_valid"] = int(host["valid_users"].shape[0]) if given else 0
-    meta.setdefault("split", "time")
-    meta["array_sha256"] = array_digest(host)
-    meta["fingerprint"] = fingerprint(meta)
+    n_users = len(user_ids)
+    n_buckets = n_buckets or default_buckets(len(arrays["train_users"]), n_users)
+    bounds = bucket_bounds(n_users, n_buckets)
+    train_cut = np.searchsorted(arrays["train_users"], bounds)
+    valid_cut = np.searchsorted(arrays["valid_users"], bounds) if given else None
+    meta = {**meta, "validation": bool(given), "train_age": "train_age" in arrays}
     with atomic_dir(out, "dataset") as tmp:
-        for name, a in host.items():
-            np.save(tmp / f"{name}.npy", a, allow_pickle=False)
-        for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
-            table = pa.table({"raw_id": pa.array(ids)})
-            pq.write_table(table, tmp / fname)
-        (tmp / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        entries = []
+        for b in range(n_buckets):
+            lo, hi = bounds[b], bounds[b + 1]
+            part = {name: arrays[name][train_cut[b] : train_cut[b + 1]]
+                    for name in TRAIN_COLUMNS if name in arrays}  # fmt: skip
+            part["test_items"] = arrays["test_items"][lo:hi]
+            part["test_negatives"] = arrays["test_negatives"][lo:hi]
+            if valid_cut is not None:
+                for name in VALID_ARRAYS:
+                    part[name] = arrays[name][valid_cut[b] : valid_cut[b + 1]]
+            entries.append(write_bucket(tmp, b, lo, hi, part))
+        meta = finish_dataset(tmp, entries, user_ids, item_ids, meta)
     return meta
 
 

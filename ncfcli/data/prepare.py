@@ -52,13 +52,21 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
-from ncfcli.data import negatives
+from ncfcli.data.buckets import (
+    MIN_FOR_VALIDATION,
+    SplitRules,
+    TooFewCandidates,
+    bucket_bounds,
+    default_buckets,
+    split_bucket,
+)
 from ncfcli.data.config import SYNTHETIC, PrepareConfig  # PrepareConfig: imported from here too
+from ncfcli.data.engines import choose_engine
 from ncfcli.data.index import dedup_sorted, dense_codes, take
-from ncfcli.data.split import latest_rows, train_age
 from ncfcli.data.split import tie_priority as tie_priority  # imported from here by tests
 from ncfcli.data.xops import host_int, to_host
 from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_dir
 
 TIE_RULE = (
     "latest timestamp; items tied at it are ordered by a hash of (user, item, seed), "
@@ -74,7 +82,6 @@ NEGATIVES_RULE = (
     "uniform without replacement over items the user never interacted with; counter-based "
     "draws keyed by (seed, stream, user): the same on every backend"
 )
-MIN_FOR_VALIDATION = 3  # test + validation + at least one training item
 VALIDATION_RULE = (
     f"the split's rule applied again to the rest picks the validation item, for users with "
     f"at least {MIN_FOR_VALIDATION} items; the others have none"
@@ -165,11 +172,7 @@ def _load(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
                        config.sep)  # fmt: skip
     if config.source in sources.DATASETS and not Path(config.source).exists():
         spec = sources.DATASETS[config.source]
-        zip_path = sources.fetch(config.source, config.cache_dir, quiet=quiet)
-        downloads = zip_path.parent
-        extracted = downloads.joinpath(*spec.ratings.split("/"))
-        if not extracted.exists() or extracted.stat().st_mtime < zip_path.stat().st_mtime:
-            raw.extract_ratings(zip_path, downloads)
+        extracted, zip_path = sources.extracted_ratings(config.source, config.cache_dir, quiet)
         interactions = raw.read_path(extracted, backend, cols, need_rating, need_time=need_time)
         interactions.source.update(kind="dataset", name=config.source, path=str(zip_path),
                                    sha256=raw.sha256_file(zip_path), url=spec.url,
@@ -197,20 +200,19 @@ def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
         _ = backend.frame_library
     _ = xp.zeros(1)
     t0 = time.perf_counter()
-    pos = _read_and_index(config, backend, stage, quiet)
-    with stage("leave-one-out split") as note:
-        split = _split(config, pos, xp)
-        done = f"{len(split.train_users):,} train, {pos.n_users:,} test"
-        if config.validation:
-            done += f", {len(split.valid_users):,} validation"
-        note["done"] = done
-    with stage("test negatives") as note:
-        _draw_negatives(config, pos, split, xp)
-        note["done"] = f"{pos.n_users:,} x {config.eval_negatives}"
-    with stage("write") as note:
-        meta = _write(config, out, backend, pos, split)
-        note["done"] = out.name
+    engine, why = choose_engine(config, backend)  # in the summary; a failed run says only its error
+    if engine == "dask":
+        from ncfcli.data.engine_dask import prepare_dask
+
+        meta = prepare_dask(config, backend, out, stage, quiet)
+    else:
+        pos = _read_and_index(config, backend, stage, quiet)
+        with stage("split and write") as note:
+            meta = _split_and_write(config, out, backend, pos)
+            valid = f"{meta['n_valid']:,} validation, " if config.validation else ""
+            note["done"] = f"{meta['n_train']:,} train, {valid}{meta['n_buckets']} buckets"
     meta = dict(meta)
+    meta["engine"], meta["engine_reason"] = engine, why
     meta["out"] = str(out)
     meta["seconds"] = round(time.perf_counter() - t0, 3)
     return meta
@@ -232,6 +234,7 @@ class _Positives:
     n_low_rating: int  # rows below --min-rating
     n_duplicates: int  # rows that repeated a (user, item) pair
     dropped: int = 0  # users with fewer than --min-interactions items
+    bounds: list[int] | None = None  # bucket bounds on the final user ids (buckets.py)
 
     @property
     def n_users(self) -> int:
@@ -240,21 +243,6 @@ class _Positives:
     @property
     def n_items(self) -> int:
         return len(self.item_ids)
-
-
-@dataclass
-class _Split:
-    """The leave-one-out split (backend arrays), then the negatives drawn for it."""
-
-    test_items: Any  # int32 [n_users]
-    train_users: Any  # int32 [n_train], sorted by (user, item)
-    train_items: Any
-    train_age: Any  # int32 [n_train] (--split time), else None
-    valid_users: Any  # int32 [n_valid], or None with --no-validation
-    valid_items: Any
-    n_no_valid: int  # users too small for a validation item
-    test_negatives: Any = None  # [n_users, eval_negatives]
-    valid_negatives: Any = None  # [n_valid, eval_negatives], or None
 
 
 def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
@@ -273,11 +261,16 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
         user, item, ts, n_low_rating = _keep_rated(config, data, backend)
         source = data.source
         data = None  # the raw columns are no longer needed once indexed
+        n_test_rows = 0
+        if config.test is not None:
+            user, item, ts, n_test_rows = with_holdout(config, backend, user, item, ts, source)
         u_code, user_ids = dense_codes(user, backend)
         del user
         i_code, item_ids = dense_codes(item, backend)
         del item
         n_u, n_i = len(user_ids), len(item_ids)
+        if n_test_rows:
+            check_holdout(config, u_code[len(u_code) - n_test_rows :], user_ids, backend)
         key = u_code.astype(xp.int64, copy=False)
         key *= n_i
         key += i_code
@@ -290,10 +283,59 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
         pos = _Positives(users, items, stamps, user_ids, item_ids, source, n_raw, n_low_rating,
                          n_kept_rows - len(keys))  # fmt: skip
         del keys, users, items, stamps
+        n_buckets = config.buckets or default_buckets(n_kept_rows, n_u)  # as the Dask engine
+        pos.bounds = bucket_bounds(n_u, min(n_buckets, n_u))
         _drop_light_users(config, pos, backend)
         # Short enough for 80 columns at ml-20m's size; the summary table counts the dropped.
         note["done"] = f"{pos.n_users:,} users, {pos.n_items:,} items, {len(pos.users):,} positives"
     return pos
+
+
+def with_holdout(config: PrepareConfig, backend: Backend, user: Any, item: Any, ts: Any,
+                 source: dict[str, Any]) -> tuple[Any, Any, Any, int]:  # fmt: skip
+    """`--test FILE`: its (user, item) rows appended to the training rows, timed one after the
+    latest training time, so the split's "latest item" is each user's supplied item (and a pair
+    also in training collapses into the held-out one). Records the file in `source`."""
+    from ncfcli.data import raw
+
+    xp = backend.xp
+    cols = raw.Columns(config.user_col, config.item_col, None, None, config.sep)
+    assert config.test is not None
+    held = raw.read_path(config.test, backend, cols, need_rating=False, need_time=False)
+    source["test"] = {"path": held.source["path"], "sha256": held.source["sha256"],
+                      "rows": held.n_rows}  # fmt: skip
+    after = host_int(ts.max(), xp) + 1 if len(ts) else 0
+    stamps = xp.full(held.n_rows, after, dtype=xp.int64)
+    return (_append(user, held.user, "user", config, backend),
+            _append(item, held.item, "item", config, backend),
+            xp.concatenate([ts.astype(xp.int64), stamps]), held.n_rows)  # fmt: skip
+
+
+def _append(ids: Any, more: Any, role: str, config: PrepareConfig, backend: Backend) -> Any:
+    """Training ids then the held-out file's, both numbers or both text."""
+    xp = backend.xp
+    text = [not isinstance(a, xp.ndarray) for a in (ids, more)]
+    if text[0] != text[1]:
+        kinds = ["text" if t else "numbers" for t in text]
+        raise NcfError(f"{config.test}: its {role} ids are {kinds[1]}, {config.source}'s are "
+                       f"{kinds[0]}: the two files must name {role}s the same way")  # fmt: skip
+    if text[0]:
+        import pyarrow as pa
+
+        return pa.concat_arrays([ids.cast(pa.string()), more.cast(pa.string())])
+    return xp.concatenate([ids.astype(xp.int64), more.astype(xp.int64)])
+
+
+def check_holdout(config: PrepareConfig, test_codes: Any, user_ids: Any, backend: Backend) -> None:
+    """Every user has exactly one row in --test's file."""
+    xp = backend.xp
+    per_user = xp.bincount(test_codes, minlength=len(user_ids))
+    for bad, why in ((per_user > 1, "has {n} rows in {f}: a held-out file has one per user"),
+                     (per_user == 0, "has no row in {f}: every user needs a held-out item")):  # fmt: skip
+        if host_int(bad.sum(), xp):
+            u = host_int(xp.argmax(bad), xp)
+            n = host_int(per_user[u], xp)
+            raise NcfError(f"user {_raw(user_ids[u])!r} " + why.format(n=n, f=config.test))
 
 
 def _keep_rated(config: PrepareConfig, data: Any, backend: Backend) -> tuple[Any, Any, Any, int]:
@@ -334,123 +376,82 @@ def _drop_light_users(config: PrepareConfig, pos: _Positives, backend: Backend) 
         pos.users = (xp.cumsum(keep_user) - 1)[pos.users].astype(xp.int32)
         present = xp.bincount(pos.items, minlength=n_i) > 0
         pos.items = (xp.cumsum(present) - 1)[pos.items].astype(xp.int32)
+        kept_before = np.concatenate([[0], np.cumsum(backend.to_numpy(keep_user))])
+        pos.bounds = [int(kept_before[b]) for b in (pos.bounds or [0, n_u])]
         pos.user_ids = pos.user_ids[backend.to_numpy(keep_user)]
         pos.item_ids = pos.item_ids[backend.to_numpy(present)]
 
 
-def _split(config: PrepareConfig, pos: _Positives, xp: Any) -> _Split:
-    """Leave-one-out: each user's test item, then (with validation) the validation item picked
-    by the same rule from the rest; every other positive is training data. Drops pos.stamps."""
-    users, items, n_users, n_items = pos.users, pos.items, pos.n_users, pos.n_items
-    test_rows = latest_rows(users, items, pos.stamps, n_users, n_items, config.seed, xp)
-    test_items = items[test_rows]
-    train = xp.ones(len(users), dtype=bool)
-    train[test_rows] = False
-    del test_rows
-    n_no_valid = 0
-    valid_users = valid_items = None
-    if config.validation:
-        counts = xp.bincount(users, minlength=n_users)
-        eligible = counts[users] >= MIN_FOR_VALIDATION
-        n_no_valid = n_users - host_int((counts >= MIN_FOR_VALIDATION).sum(), xp)
-        del counts
-        rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
-        del eligible
-        pick = latest_rows(users[rest], items[rest], pos.stamps[rest], n_users, n_items,
-                            config.seed, xp)  # fmt: skip
-        valid_rows = rest[pick]
-        del rest, pick
-        valid_users, valid_items = users[valid_rows], items[valid_rows]
-        train[valid_rows] = False
-        del valid_rows
-    train_users, train_items = users[train], items[train]
-    age = None
-    if config.split == "time":
-        age = train_age(train_users, pos.stamps[train], n_users, xp)
-    del train
-    pos.stamps = None
-    return _Split(test_items, train_users, train_items, age, valid_users, valid_items,
-                  n_no_valid)  # fmt: skip
-
-
-def _draw_negatives(config: PrepareConfig, pos: _Positives, split: _Split, xp: Any) -> None:
-    """`--eval-negatives` test negatives per user, then as many per validation user from their
-    own stream, into `split`; refuses a user who leaves too few items to draw from. Drops
-    pos.users and pos.items."""
-    n_neg, n_users, n_items = config.eval_negatives, pos.n_users, pos.n_items
-    counts = xp.bincount(pos.users, minlength=n_users)
-    worst = host_int(xp.argmax(counts), xp)
-    most = host_int(counts[worst], xp)
-    if n_items - most < n_neg:
-        raw_id = pos.user_ids[worst]
-        raw_id = raw_id.item() if hasattr(raw_id, "item") else raw_id
-        fix = (f"the largest --eval-negatives that works is {n_items - most}"
-               if n_items - most >= 1 else "no --eval-negatives works for this user")  # fmt: skip
-        raise NcfError(
-            f"user {raw_id!r} has interacted with {most} of the {n_items} items, leaving "
-            f"{n_items - most} to draw --eval-negatives {n_neg} from; {fix}"
-        )
-    del counts
-    candidates = negatives.Candidates(pos.users, pos.items, n_items, xp)
-    pos.users = pos.items = None
-    split.test_negatives = candidates.draw(xp.arange(n_users), n_neg, config.seed,
-                                           negatives.TEST_STREAM)  # fmt: skip
-    if config.validation:
-        # Their own stream: the test negatives stay the bytes --no-validation writes.
-        split.valid_negatives = candidates.draw(split.valid_users, n_neg, config.seed,
-                                                negatives.VALID_STREAM)  # fmt: skip
-
-
-def _write(config: PrepareConfig, out: Path, backend: Backend, pos: _Positives,
-           split: _Split) -> dict[str, Any]:  # fmt: skip
-    """The arrays on the host, meta.json's keys, then the dataset directory, atomically."""
-    from ncfcli.data.dataset import write_prepared
+def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
+                     pos: _Positives) -> dict[str, Any]:  # fmt: skip
+    """Split each bucket of users (buckets.split_bucket, what every engine runs), write it, then
+    the id maps and meta.json: the dataset directory, atomically. Drops pos's arrays."""
+    from ncfcli.data.dataset import finish_dataset, write_bucket
     from ncfcli.data.sources import save_titles
 
-    arrays = {
-        "train_users": backend.to_numpy(split.train_users),
-        "train_items": backend.to_numpy(split.train_items),
-        "test_items": backend.to_numpy(split.test_items),
-        "test_negatives": backend.to_numpy(split.test_negatives),
-    }
-    if split.train_age is not None:
-        arrays["train_age"] = backend.to_numpy(split.train_age)
-    if config.validation:
-        arrays["valid_users"] = backend.to_numpy(split.valid_users)
-        arrays["valid_items"] = backend.to_numpy(split.valid_items)
-        arrays["valid_negatives"] = backend.to_numpy(split.valid_negatives)
-    meta = _meta(config, backend, pos, split, arrays)
+    xp = backend.xp
+    rules = SplitRules.of(config)
+    bounds = pos.bounds or [0, pos.n_users]
+    cuts = to_host(xp.searchsorted(pos.users, xp.asarray(bounds)), xp).tolist()
+    entries = []
+    n_no_valid = 0
     check_out(config, out)  # again: the folder may have changed while we worked
-    meta = write_prepared(out, arrays, pos.user_ids, pos.item_ids, meta)
+    with atomic_dir(out, "dataset") as tmp:
+        for b in range(len(bounds) - 1):
+            rows = slice(cuts[b], cuts[b + 1])
+            try:
+                part = split_bucket(pos.users[rows], pos.items[rows], pos.stamps[rows],
+                                    bounds[b], bounds[b + 1], pos.n_items, rules, xp)  # fmt: skip
+            except TooFewCandidates as e:
+                raise NcfError(e.message(_raw(pos.user_ids[e.user]))) from None
+            n_no_valid += part.pop("n_no_valid")
+            host = {k: backend.to_numpy(v) for k, v in part.items()}
+            entries.append(write_bucket(tmp, b, bounds[b], bounds[b + 1], host))
+        pos.users = pos.items = pos.stamps = None
+        counts = Counts(pos.n_raw, pos.n_low_rating, pos.n_duplicates, pos.dropped, n_no_valid)
+        meta = describe(config, backend, pos.source, counts)
+        meta = finish_dataset(tmp, entries, pos.user_ids, pos.item_ids, meta)
     save_titles(out, pos.source, pos.item_ids)  # optional: MovieLens titles for `ncf recommend`
     return meta
 
 
-def _meta(config: PrepareConfig, backend: Backend, pos: _Positives, split: _Split,
-          arrays: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """meta.json's descriptive keys (write_prepared adds the format, checksums, fingerprint)."""
+def _raw(raw_id: Any) -> Any:
+    return raw_id.item() if hasattr(raw_id, "item") else raw_id
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What the filters dropped, for meta.json (every engine counts the same things)."""
+
+    n_raw: int  # rows read
+    n_low_rating: int  # rows below --min-rating
+    n_duplicates: int  # rows that repeated a (user, item) pair
+    dropped: int  # users with fewer than --min-interactions items
+    n_no_valid: int  # users too small for a validation item
+
+
+def describe(config: PrepareConfig, backend: Backend, source: dict[str, Any],
+             counts: Counts) -> dict[str, Any]:  # fmt: skip
+    """meta.json's descriptive keys, for every engine (finish_dataset adds the format, counts,
+    checksums, buckets and fingerprint)."""
     from ncfcli import __version__
 
     return {
-        "n_users": pos.n_users,
-        "n_items": pos.n_items,
-        "n_train": int(len(arrays["train_users"])),
-        "n_test": pos.n_users,
-        "n_valid": int(len(arrays["valid_users"])) if config.validation else 0,
-        "n_users_without_validation": split.n_no_valid,
+        "n_users_without_validation": counts.n_no_valid,
         "split": config.split,
         "split_rule": SPLIT_RULES[config.split],
         "validation_rule": VALIDATION_RULE if config.validation else None,
         "validation": config.validation,
+        "train_age": config.split == "time",
         "eval_negatives": config.eval_negatives,
         "seed": config.seed,
-        "source": pos.source,
+        "source": source,
         "options": config.options(),
         "backend": backend.name,
-        "dropped_users": pos.dropped,
-        "n_raw_rows": pos.n_raw,
-        "n_below_min_rating": pos.n_low_rating,
-        "n_duplicates": pos.n_duplicates,
+        "dropped_users": counts.dropped,
+        "n_raw_rows": counts.n_raw,
+        "n_below_min_rating": counts.n_low_rating,
+        "n_duplicates": counts.n_duplicates,
         "tie_rule": TIE_RULE,
         "id_order": ID_ORDER,
         "negatives": NEGATIVES_RULE,

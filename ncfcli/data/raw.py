@@ -300,8 +300,10 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
 # the GPU, as soon as one value or an empty cell does not fit.
 
 
-def _line_locator(path: Path, header: bool) -> Any:
-    """row -> "line N" of a text table, counting the lines every reader skips (blank ones).
+def _line_locator(path: Path, header: bool, start: int = 0) -> Any:
+    """row -> "line N" of a text table, counting the lines every reader skips (blank ones);
+    with `start`, rows count from that byte (a block of the Dask engine, whole lines), and N is
+    still the line of the whole file.
 
     Runs only when a message needs it; a quoted field spanning lines would shift the count.
     """
@@ -309,13 +311,14 @@ def _line_locator(path: Path, header: bool) -> Any:
     def locate(row: int) -> str:
         seen = -1 if header else 0
         with open(path, "rb") as f:
-            for number, line in enumerate(f, 1):
+            before = f.read(start).count(b"\n") if start else 0
+            for number, line in enumerate(f, before + 1):
                 if not line.strip(b"\r\n"):
                     continue
                 if seen == row:
                     return f"line {number}"
                 seen += 1
-        return f"data row {row + 1}"
+        return f"data row {row + 1}" + (f" of the block at byte {start}" if start else "")
 
     return locate
 
@@ -329,16 +332,19 @@ def _line_of_text(path: Path, text: str) -> str:
     return "a line"
 
 
-def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str],
-                  typed: dict[str, str]) -> dict[str, Any] | None:  # fmt: skip
-    """One pandas Series per column; None when a `typed` column met a value its type cannot hold."""
+def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str], typed: dict[str, str],
+                  block: bytes | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """One pandas Series per column; None when a `typed` column met a value its type cannot hold.
+
+    `block`: whole lines of `path` to parse instead of the file (the Dask engine's blocks)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
     sep = layout.sep
-    source: Any = str(path)
+    source: Any = str(path) if block is None else pa.BufferReader(block)
     if len(sep) > 1:  # PyArrow and cuDF split on one character only
-        data = path.read_bytes().replace(sep.encode(), _PARSE_SEP.encode())
+        data = path.read_bytes() if block is None else block
+        data = data.replace(sep.encode(), _PARSE_SEP.encode())
         source = pa.BufferReader(data)
         sep = _PARSE_SEP
     read_opts = pacsv.ReadOptions(
@@ -390,13 +396,19 @@ def _to_pandas(col: Any) -> Any:
 
 
 def _read_parquet_cpu(path: Path, wanted: list[str]) -> dict[str, Any]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         table = pq.read_table(path, columns=wanted)
     except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
         raise NcfError(f"{path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+    return table_columns(table, wanted)
+
+
+def table_columns(table: Any, wanted: list[str]) -> dict[str, Any]:
+    """The `wanted` columns of an Arrow table as pandas Series (dictionary columns decoded)."""
+    import pyarrow as pa
+
     out = {}
     for w in wanted:
         col = table.column(w)
@@ -448,6 +460,18 @@ def _read_columns(path: Path, layout: _Layout, wanted: list[str], backend: Backe
         if columns is not None:
             return columns
     columns = _read_csv_cpu(path, layout, wanted, {})
+    assert columns is not None
+    return columns
+
+
+def read_csv_block(path: Path, layout: _Layout, wanted: list[str],
+                   block: bytes) -> dict[str, Any]:  # fmt: skip
+    """The CPU read of `block`, whole lines of the text table `path` read with `layout` (the
+    Dask engine's blocks, parsed by the code that reads a whole file): one Series a column."""
+    typed = {w: t for w, t in layout.types.items() if w in wanted}
+    columns = _read_csv_cpu(path, layout, wanted, typed, block) if typed else None
+    if columns is None:
+        columns = _read_csv_cpu(path, layout, wanted, {}, block)
     assert columns is not None
     return columns
 

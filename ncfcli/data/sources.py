@@ -329,3 +329,16 @@ def read_title_table(path: str | os.PathLike) -> Any:
 
 if __name__ == "__main__":
     print(fetch(sys.argv[1] if len(sys.argv) > 1 else "ml-100k"))
+
+
+def extracted_ratings(name: str, cache_dir: str | None, quiet: bool) -> tuple[Path, Path]:
+    """(the ratings file, its zip) of MovieLens `name`: downloaded into the cache if missing,
+    the ratings file extracted beside the zip again when the zip is newer."""
+    from ncfcli.data.raw import extract_ratings
+
+    spec = DATASETS[name]
+    zip_path = fetch(name, cache_dir, quiet=quiet)
+    table = zip_path.parent.joinpath(*spec.ratings.split("/"))
+    if not table.exists() or table.stat().st_mtime < zip_path.stat().st_mtime:
+        extract_ratings(zip_path, zip_path.parent)
+    return table, zip_path

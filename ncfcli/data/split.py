@@ -31,11 +31,20 @@ def tie_priority(users: Any, items: Any, n_items: int, seed: int, xp: Any) -> An
 
 
 def latest_rows(
-    users: Any, items: Any, stamps: Any, n_users: int, n_items: int, seed: int, xp: Any
+    users: Any,
+    items: Any,
+    stamps: Any,
+    n_users: int,
+    n_items: int,
+    seed: int,
+    xp: Any,
+    offset: int = 0,
 ) -> Any:
     """Row index of each present user's latest interaction, ties broken by `tie_priority`.
 
     Rows are sorted by (user, item); the result is ascending (one row per user that has any).
+    `users` may be local to a bucket (0 <= u < n_users): the ties hash the global id,
+    u + offset.
     """
     if len(users) == 0:
         return xp.zeros(0, dtype=xp.int64)
@@ -43,7 +52,7 @@ def latest_rows(
     at_latest = xp.nonzero(stamps == latest[users])[0]
     del latest
     owner = users[at_latest]
-    prio = tie_priority(owner, items[at_latest], n_items, seed, xp)
+    prio = tie_priority(owner + offset if offset else owner, items[at_latest], n_items, seed, xp)
     best = group_max(prio, owner, n_users, xp)
     winners = prio == best[owner]
     at_latest, owner = at_latest[winners], owner[winners]

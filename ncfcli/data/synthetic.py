@@ -150,26 +150,74 @@ def _distinct_pairs(
     return (keys // n_items).astype(np.int32), (keys % n_items).astype(np.int32)
 
 
-def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict[str, np.ndarray]:
-    """Raw interactions: user and item (1-based int32 ids, like MovieLens), timestamp, rating."""
+PART_ROWS = 1 << 20  # about the rows of one partition, generated alone (by a Dask worker)
+
+
+@dataclass(frozen=True)
+class _World:
+    """What every partition shares: the topics and each user's row count (O(users + items))."""
+
+    n_topics: int
+    by_topic: np.ndarray  # items grouped by topic, in popularity order inside each topic
+    topic_size: np.ndarray
+    topic_start: np.ndarray
+    topic_p: np.ndarray  # a random global draw lands in a topic by its size
+    counts: np.ndarray  # [users] distinct items of each user
+    row_start: np.ndarray  # [users + 1] each user's first row
+
+
+def _world(shape: SyntheticShape, seed: int) -> tuple[np.random.Generator, _World]:
     gen = np.random.default_rng([seed, 0x5EED])
-    n_users, n_items, n = shape.users, shape.items, shape.interactions
+    n_items = shape.items
     n_topics = int(np.clip(round(np.sqrt(n_items) / 6), 2, 48))
     n_topics = min(n_topics, n_items)
-
     # Topic of each item; topic sizes heavy-tailed (Zipf-like weights), every topic non-empty.
     topic_w = 1.0 / np.arange(1, n_topics + 1) ** 0.8
     item_topic = np.concatenate(
         [np.arange(n_topics), gen.choice(n_topics, n_items - n_topics, p=topic_w / topic_w.sum())]
     )
-    # Items grouped by topic, in a random popularity order inside each topic.
     by_topic = np.lexsort((gen.random(n_items), item_topic))
     topic_size = np.bincount(item_topic, minlength=n_topics)
     topic_start = np.concatenate([[0], np.cumsum(topic_size)[:-1]])
-    topic_p = topic_size / n_items  # a random global draw lands in a topic by its size
-
     counts = _per_user_counts(gen, shape)
-    user_topics = gen.choice(n_topics, size=(n_users, 3), p=topic_p)
+    row_start = np.concatenate([[0], np.cumsum(counts)])
+    world = _World(n_topics, by_topic, topic_size, topic_start, topic_size / n_items, counts,
+                   row_start)  # fmt: skip
+    return gen, world
+
+
+def partition_bounds(shape: SyntheticShape) -> list[int]:
+    """User bounds of the partitions: [P + 1], P fixed by the shape alone (about PART_ROWS rows
+    each), so every engine and worker count sees the same partitions, hence the same rows."""
+    parts = min(shape.users, max(1, -(-shape.interactions // PART_ROWS)))
+    return [p * shape.users // parts for p in range(parts + 1)]
+
+
+def _cover_rows(shape: SyntheticShape, seed: int, world: _World) -> tuple[np.ndarray, np.ndarray]:
+    """(global rows ascending, item of each): every item placed once on a row that is not a
+    user's second draw (those are fixed up for distinctness), for data cut in partitions."""
+    gen = np.random.default_rng([seed, 0x5EED, 0])  # partition p draws from [seed, 0x5EED, p + 1]
+    counts = world.counts
+    free = counts - 1  # rows of each user other than the second
+    k = min(shape.items, int(free.sum()))
+    j = gen.choice(int(free.sum()), k, replace=False)
+    items = gen.permutation(shape.items)[:k]
+    order = np.argsort(j)
+    j, items = j[order], items[order]
+    cum = np.cumsum(free)
+    user = np.searchsorted(cum, j, side="right")
+    within = j - (cum[user] - free[user])
+    return world.row_start[user] + within + (within >= 1), items
+
+
+def _users(gen: np.random.Generator, world: _World, lo: int, hi: int, n_items: int,
+           cover: tuple[np.ndarray, np.ndarray] | None, with_rating: bool) -> dict[str, np.ndarray]:  # fmt: skip
+    """The rows of users lo <= u < hi, drawn from `gen` (cover: global rows and items to place,
+    or None: the one-partition cover)."""
+    n_users = hi - lo
+    counts = world.counts[lo:hi]
+    by_topic, topic_size, topic_start = world.by_topic, world.topic_size, world.topic_start
+    user_topics = gen.choice(world.n_topics, size=(n_users, 3), p=world.topic_p)
     mix = gen.dirichlet([0.6, 0.6, 0.6], n_users).cumsum(axis=1)
 
     def draw(user: np.ndarray) -> np.ndarray:
@@ -179,14 +227,24 @@ def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict
         slot = (r > mix[user, 0]).astype(np.int64) + (r > mix[user, 1])
         topic = user_topics.ravel()[user.astype(np.int64) * 3 + np.minimum(slot, 2)]
         glob = gen.random(m) < GLOBAL_SHARE
-        topic[glob] = gen.choice(n_topics, int(glob.sum()), p=topic_p)
+        topic[glob] = gen.choice(world.n_topics, int(glob.sum()), p=world.topic_p)
         u = gen.random(m)
         rank = (topic_size[topic] * (u * u)).astype(np.int64)  # u**GAMMA; a product is faster
         return by_topic[topic_start[topic] + rank]
 
     user = np.repeat(np.arange(n_users, dtype=np.int32), counts)
+    n = len(user)
     item = draw(user).astype(np.int32)
-    _cover(gen, item, counts, n_items)
+    if cover is None:
+        _cover(gen, item, counts, n_items)
+    else:
+        rows, items = cover
+        first_row = world.row_start[lo]
+        at = slice(*np.searchsorted(rows, [first_row, world.row_start[hi]]))
+        item[rows[at] - first_row] = items[at]
+        first = world.row_start[lo:hi] - first_row
+        clash = item[first + 1] == item[first]
+        item[first[clash] + 1] = (item[first[clash]] + 1) % n_items
     user, item = _distinct_pairs(gen, user, item, counts, n_items, draw)
 
     # Each user is active over a window of their own; the latest draw is their test item.
@@ -194,11 +252,41 @@ def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict
     start = _T0 + (gen.random(n_users) * (_T1 - _T0 - span)).astype(np.int64)
     timestamp = start[user] + (gen.random(n) * span[user]).astype(np.int64)
 
-    out: dict[str, np.ndarray] = {"user": user + 1, "item": item + 1, "timestamp": timestamp}
+    out: dict[str, np.ndarray] = {"user": user + 1 + lo, "item": item + 1, "timestamp": timestamp}
     if with_rating:
         rating = np.round((3.6 + 0.9 * gen.standard_normal(n, dtype=np.float32)) * 2) / 2
         out["rating"] = np.clip(rating, 0.5, 5.0).astype(np.float32)
     return out
+
+
+def generate_partition(shape: SyntheticShape, seed: int, part: int, with_rating: bool = True,
+                       bounds: list[int] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+    """Partition `part` of `generate`'s rows (the users of partition_bounds' range part), made
+    alone: a Dask worker makes it without the other partitions' rows (`bounds`: the client's
+    partition_bounds, handed over so that both sides cut the users alike)."""
+    gen, world = _world(shape, seed)
+    bounds = bounds or partition_bounds(shape)
+    if len(bounds) == 2:  # one partition: its draws continue the shared generator
+        return _users(gen, world, 0, shape.users, shape.items, None, with_rating)
+    cover = _cover_rows(shape, seed, world)
+    own = np.random.default_rng([seed, 0x5EED, part + 1])
+    return _users(own, world, bounds[part], bounds[part + 1], shape.items, cover, with_rating)
+
+
+def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict[str, np.ndarray]:
+    """Raw interactions: user and item (1-based int32 ids, like MovieLens), timestamp, rating;
+    the partitions of partition_bounds concatenated in order."""
+    gen, world = _world(shape, seed)
+    bounds = partition_bounds(shape)
+    if len(bounds) == 2:
+        return _users(gen, world, 0, shape.users, shape.items, None, with_rating)
+    cover = _cover_rows(shape, seed, world)
+    parts = [
+        _users(np.random.default_rng([seed, 0x5EED, p + 1]), world, bounds[p], bounds[p + 1],
+               shape.items, cover, with_rating)
+        for p in range(len(bounds) - 1)
+    ]  # fmt: skip
+    return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 
 def write_ratings_csv(shape: SyntheticShape, seed: int, path: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import borrow, rows
+from ncfcli.model.layers import borrow, item_rows, rows
 
 
 def bias_tables(n_users: int, n_items: int) -> tuple[nn.Embedding, nn.Embedding, nn.Parameter]:
@@ -46,8 +46,11 @@ class Biases(nn.Module):
         return score + pair[:, 0] + b
 
     def add_scores(
-        self, scores: torch.Tensor, users: torch.Tensor, b: torch.Tensor
-    ) -> torch.Tensor:
-        """scores [U, n_items], users [U], b [1] -> scores + b_u + b_i + b for every item."""
-        pair = self.user.weight[users] + self.item.weight[:, 0][None, :]  # [U, n_items]
+        self, scores: torch.Tensor, users: torch.Tensor, b: torch.Tensor,
+        items: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """scores [U, n_items], users [U], b [1] -> scores + b_u + b_i + b for every item (or
+        for the items [B] / [U, C] given, scores being [U, B] / [U, C])."""
+        b_i = item_rows(self.item.weight, items)[..., 0]  # [n_items], [B] or [U, C]
+        pair = self.user.weight[users] + (b_i if b_i.dim() == 2 else b_i[None, :])
         return scores + pair + b

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import borrow, rows
+from ncfcli.model.layers import borrow, dot_items, rows
 
 
 class GMF(nn.Module):
@@ -38,11 +38,16 @@ class GMF(nn.Module):
         """users [B], items [B] -> <p_u, q_i> [B]: matrix factorisation."""
         return self(users, items).sum(dim=-1)
 
-    def add_scores(self, out: torch.Tensor, users: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def add_scores(
+        self, out: torch.Tensor, users: torch.Tensor, h: torch.Tensor,
+        items: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """out [U, n_items] + the head's GMF term against every item, h^T (p_u ⊙ q_i) =
-        (p_u ⊙ h) . q_i: one product (P[users] ⊙ h) Q^T [U, n_items]; h [1, F]."""
-        return out + (self.user.weight[users] * h) @ self.item.weight.t()
+        (p_u ⊙ h) . q_i: one product (P[users] ⊙ h) Q^T [U, n_items]; h [1, F]. With items
+        [B] or [U, C] only those (layers.dot_items): out is [U, B] or [U, C]."""
+        return out + dot_items(self.user.weight[users] * h, self.item.weight, items)
 
-    def dot_all(self, users: torch.Tensor) -> torch.Tensor:
-        """users [U] -> <p_u, q_i> for every item i: P[users] Q^T [U, n_items]."""
-        return self.user.weight[users] @ self.item.weight.t()
+    def dot_all(self, users: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
+        """users [U] -> <p_u, q_i> for every item i: P[users] Q^T [U, n_items] (or the items
+        [B] / [U, C] given, as in add_scores)."""
+        return dot_items(self.user.weight[users], self.item.weight, items)

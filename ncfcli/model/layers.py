@@ -5,6 +5,7 @@
   is one `scatter_add_` (on the CPU 3x faster than nn.Embedding's, which adds the batch's rows
   one at a time), and by F.embedding otherwise, so ONNX sees only standard ops;
 - `SplitLinear`: nn.Linear on a concatenation, without building it;
+- `dot_items` and `item_rows`: how score_all reads every item, a subset, or each user's own;
 - `_ReluDropout`: dropout(relu(x)) that saves half as much for its backward pass;
 - `borrow`: how a tower reads the tables and layers that the NCF model owns and names.
 """
@@ -100,6 +101,21 @@ def row_sq_sum(weight: torch.Tensor, ids: torch.Tensor, training: bool) -> torch
         counts = counts.index_add_(0, ids, torch.ones_like(ids)).to(weight.dtype)
         return (counts * weight.square().sum(dim=1)).sum()
     return rows(weight, ids.long(), training).square().sum()
+
+
+def item_rows(weight: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
+    """The rows of an item table [n_items, d] that score_all scores: all of them (items None),
+    items [B] -> [B, d], or each user's own items [U, C] -> [U, C, d]."""
+    return weight if items is None else weight[items]
+
+
+def dot_items(left: torch.Tensor, weight: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
+    """Per-user vectors left [U, d] dotted with the rows of weight [n_items, d] that score_all
+    scores: every item or items [B] (one matrix product) -> [U, n_items] or [U, B]; each
+    user's own items [U, C] (one batched product) -> [U, C]."""
+    if items is None or items.dim() == 1:
+        return left @ item_rows(weight, items).t()
+    return torch.bmm(weight[items], left[:, :, None])[:, :, 0]
 
 
 def borrow(module: nn.Module, **parts: nn.Module | None) -> None:

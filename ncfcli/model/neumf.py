@@ -39,6 +39,8 @@ class NCF(nn.Module):
     score_all(users [U], prev [U] with an order term) -> logits [U, n_items].
     """
 
+    # score_all(items=...) costs in proportion to the items: full ranking may score in blocks.
+    subset_scoring = True
     gmf_tower: GMF | None
     mlp_tower: MLP | None
     order_term: Order | None
@@ -195,36 +197,52 @@ class NCF(nn.Module):
         assert self.head is not None
         return self.head(*parts)[:, 0]
 
-    def score_all(self, users: torch.Tensor, prev: torch.Tensor | None = None) -> torch.Tensor:
+    def score_all(
+        self, users: torch.Tensor, prev: torch.Tensor | None = None,
+        items: torch.Tensor | None = None,
+    ) -> torch.Tensor:  # fmt: skip
         """users [U] (and prev [U], each user's previous item, for a model with an order term)
         -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the
-        towers factored so ranking the catalogue costs less.
+        towers factored so ranking the catalogue costs less. `items` [B] scores only those
+        items (-> [U, B]); items [U, C] each user's own C items (-> [U, C]: sampled metrics).
 
         GMF's head term sum_f h_f u_f i_f is the matrix product (u ⊙ h) @ items^T, MF is a dot
         product plus biases, and the MLP's first layer is applied once per user and once per
         item (W [u; i] = W_u u + W_i i) before the per-pair layers. Same maths as forward();
-        floats may differ in the last bits (another summation order). Call in eval mode.
+        floats may differ in the last bits (another summation order), but a pair's logit does
+        not depend on which other users or items are scored with it. Call in eval mode.
         """
         prev = self._check_prev(prev)
-        out = self._score_pairs(users.long())
+        items = items.long() if items is not None else None
+        out = self._score_pairs(users.long(), items)
         if prev is None:
             return out
         assert self.order_term is not None
-        return self.order_term.add_scores(out, prev)
+        return self.order_term.add_scores(out, prev, items)
 
-    def _score_pairs(self, users: torch.Tensor) -> torch.Tensor:
-        """users [U] -> the (user, item) logits [U, n_items], without the order term."""
+    def _score_pairs(self, users: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
+        """users [U] -> the (user, item) logits [U, n_items] (or [U, B] / [U, C] for the items
+        given), without the order term."""
         if self.biases is not None:
             assert self.gmf_tower is not None
-            return self.biases.add_scores(self.gmf_tower.dot_all(users), users, self.global_bias)
+            dot = self.gmf_tower.dot_all(users, items)
+            return self.biases.add_scores(dot, users, self.global_bias, items)
         assert self.head is not None
         blocks = list(self.head.weights)  # [1, width] per input, GMF's first
-        out = self.head.bias.view(1, 1).expand(users.shape[0], self.cfg.n_items)
+        n_cols = self.cfg.n_items if items is None else items.shape[-1]
+        out = self.head.bias.view(1, 1).expand(users.shape[0], n_cols)
         if self.gmf_tower is not None:
-            out = self.gmf_tower.add_scores(out, users, blocks.pop(0))
+            out = self.gmf_tower.add_scores(out, users, blocks.pop(0), items)
         if self.mlp_tower is not None:
-            out = self.mlp_tower.add_scores(out, users, blocks)
+            out = self.mlp_tower.add_scores(out, users, blocks, items)
         return out
+
+    def score_bytes_per_pair(self, device: torch.device) -> int:
+        """Bytes score_all holds per (user, item) pair beyond the score itself: the MLP's
+        per-pair activations, where they are not tiled (on a GPU; ncfcli/model/mlp.py)."""
+        if self.mlp_tower is None or device.type == "cpu":
+            return 0
+        return self.mlp_tower.activation_bytes()
 
 
 def build_model(cfg: ModelConfig | dict[str, Any]) -> NCF:

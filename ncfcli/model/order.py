@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import borrow, rows
+from ncfcli.model.layers import borrow, dot_items, rows
 
 
 class Order(nn.Module):
@@ -36,7 +36,9 @@ class Order(nn.Module):
         p = rows(self.prev.weight, prev, self.training)
         return (p * rows(self.item.weight, items, self.training)).sum(dim=-1)
 
-    def add_scores(self, out: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    def add_scores(
+        self, out: torch.Tensor, prev: torch.Tensor, items: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """out [U, n_items] + the term for every item after each user's prev [U]:
-        P[prev] Q^T [U, n_items]."""
-        return out + self.prev.weight[prev.long()] @ self.item.weight.t()
+        P[prev] Q^T [U, n_items] (or the items [B] / [U, C] given: layers.dot_items)."""
+        return out + dot_items(self.prev.weight[prev.long()], self.item.weight, items)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ncfcli import baselines, recency
 from ncfcli import checkpoint as ckpt
@@ -29,6 +30,67 @@ from ncfcli.train.run import (
 )
 from ncfcli.train.start import _check_ages
 
+KEEP = {
+    "als": ("factors", "als_reg", "als_alpha", "als_iterations"),
+    "ease": ("ease_lambda",),
+    "itemknn": ("knn_neighbours", "knn_shrink"),
+}  # the settings each kind fits with
+# Each kind's built-in validation grid: searched for the settings not given on the command line
+# (`ncf tune --models als` searches wider). Small: a Beauty-sized fit takes seconds.
+GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "als": {"factors": (64, 256), "als_reg": (3.0, 30.0, 100.0), "als_alpha": (2.0, 10.0)},
+    "ease": {"ease_lambda": (50.0, 250.0, 1000.0, 4000.0)},
+    "itemknn": {"knn_neighbours": (20, 100, 500), "knn_shrink": (0.0, 20.0)},
+}
+
+
+def validation_grid(kind: str, given: dict[str, Any]) -> list[dict[str, Any]]:
+    """The grid points for the settings of `kind` that were not given: [{}] when none is left."""
+    axes = {k: v for k, v in GRIDS.get(kind, {}).items() if k not in given}
+    points: list[dict[str, Any]] = [{}]
+    for name, values in axes.items():
+        points = [{**p, name: v} for p in points for v in values]
+    return points
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """Fits of one baseline kind on one dataset, scored on the split that chooses."""
+
+    kind: str
+    data: PreparedData
+    backend: Backend
+    env: DistEnv
+    seed: int
+    pos_weight: Any
+    recency: tuple[float, float]  # weight, span
+    eval_batch: int
+
+    def choose(self, opts: dict[str, Any], grid: list[dict[str, Any]],
+               keep: tuple[str, ...]) -> tuple[Any, ...]:  # fmt: skip
+        """Fit each grid point (one: the given values, without a grid) and keep validation's
+        choice: (values, BaselineConfig, model, fit seconds, scores, the points tried)."""
+        data = self.data
+        chosen_by = "validation" if data.has_validation else "test"
+        held = tuple(self.backend.to_torch(a) for a in data.held_out(chosen_by, self.backend.xp))
+        tried: list[dict[str, Any]] = []
+        best: tuple[Any, ...] | None = None
+        for point in grid:
+            values = {**opts, **point}
+            bcfg = baselines.BaselineConfig(self.kind, data.n_users, data.n_items,
+                                            **{k: values[k] for k in keep},
+                                            recency_weight=self.recency[0],
+                                            recency_span=self.recency[1])  # fmt: skip
+            model, seconds = baselines.fit(bcfg, data, self.backend, self.seed, self.pos_weight)
+            scores = {chosen_by: _evaluate(model, held, self.env, self.eval_batch)}
+            if len(grid) > 1:
+                tried.append({**point, **scores[chosen_by]})
+            key = (scores[chosen_by]["hr@10"], scores[chosen_by]["ndcg@10"])
+            if best is None or key > best[0]:
+                best = (key, values, bcfg, model, seconds, scores)
+        assert best is not None
+        return (*best[1:], tried)
+
 
 def _fit_baseline(
     cfg: TrainConfig,
@@ -37,8 +99,11 @@ def _fit_baseline(
     backend: Backend,
     run_dir: Path,
     t_start: float,
+    score_test: bool = True,
 ) -> TrainResult:
-    """`--model pop|itemknn|ease|als`: fit once, evaluate like an NCF epoch, write a normal run."""
+    """`--model pop|itemknn|ease|als`: fit once (with a validation split and a setting not
+    given, once per point of its small grid, keeping validation's choice), evaluate like an
+    NCF epoch, write a normal run. The test set is read once, for the chosen values."""
     kind = str(cfg.model)
     if cfg.resume:
         raise NcfError(f"--model {kind} is fitted in one go; there is nothing to --resume")
@@ -58,29 +123,27 @@ def _fit_baseline(
     if cfg.order_factors:
         raise NcfError(f"--order-factors applies to the NCF models, not --model {kind}",
                        exit_code=2)  # fmt: skip
-    keep = {"als": ("factors", "als_reg", "als_alpha", "als_iterations"), "ease": ("ease_lambda",),
-            "itemknn": ("knn_neighbours", "knn_shrink")}.get(kind, ())  # fmt: skip
+    keep = KEEP.get(kind, ())
     seed = cfg.seed or 0
-    cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
-                  **{k: opts[k] for k in keep})  # fmt: skip
     eval_batch = int(cfg.eval_batch or BASE["eval_batch"])  # not resolve()d: no epochs to size
     keep_checkpoints = int(cfg.keep_checkpoints or BASE["keep_checkpoints"])
-    bcfg = baselines.BaselineConfig(kind, data.n_users, data.n_items, **{k: opts[k] for k in keep},
-                                    recency_weight=r_weight, recency_span=r_span)  # fmt: skip
     pos_weight = None
     if r_weight:
         pos_weight = recency.recency_weights(data.train_age, r_weight, r_span, backend.xp,
                                              data.train_users, data.n_users)  # fmt: skip
-    model, fit_seconds = baselines.fit(bcfg, data, backend, seed, pos_weight)
     select = _selection(data)
-    scores = {}
-    for split in ("validation", "test") if data.has_validation else ("test",):
-        held = tuple(backend.to_torch(a) for a in data.held_out(split, backend.xp))
-        scores[split] = _evaluate(model, held, env, eval_batch)
+    grid = validation_grid(kind, given) if data.has_validation else [{}]
+    fit = _Fit(kind, data, backend, env, seed, pos_weight, (r_weight, r_span), eval_batch)
+    values, bcfg, model, fit_seconds, scores, tried = fit.choose(opts, grid, keep)
+    if "test" not in scores and score_test:  # read once, for the chosen values only
+        held = tuple(backend.to_torch(a) for a in data.held_out("test", backend.xp))
+        scores["test"] = _evaluate(model, held, env, eval_batch)
+    cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
+                  **{k: values[k] for k in keep})  # fmt: skip
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
-              "test": scores["test"], "train_seconds": fit_seconds,
+              "test": scores.get("test"), "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
-    best = {"epoch": 1, "selected_by": select, **scores}
+    best = {"epoch": 1, "selected_by": select, "test": None, **scores}
     dataset_info = _dataset_info(cfg, data)
     if replace_run:
         remove_output(run_dir)
@@ -89,6 +152,8 @@ def _fit_baseline(
     config = {"model": bcfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
               "world_size": 1, "device": backend.describe(),
               "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
+    if tried:
+        config["validation_grid"] = tried
     atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
     state = {"model_config": bcfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
              "epoch": 1, "step": 0, "world_size": 1, "model": model.state_dict(),
@@ -99,7 +164,8 @@ def _fit_baseline(
         run_log.epoch([record])
     return TrainResult(
         run_dir=str(run_dir), epochs=1, best_epoch=1,
-        metrics=dict(scores["test"]), validation=scores.get("validation"), selected_by=select,
+        metrics=dict(scores["test"]) if "test" in scores else None,
+        validation=scores.get("validation"), selected_by=select,
         dataset_split=data.split_method,
         samples_per_second=record["samples_per_second"], seconds=time.perf_counter() - t_start,
         trained_epochs=1, stopped_early=False, parameters=0, device=backend.describe(),

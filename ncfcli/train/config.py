@@ -58,6 +58,7 @@ KINDS = ("neumf", "gmf", "mlp", "mf")
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
+SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/train/shard.py
 # The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch.
 LR_SCALE_POWER = 0.75
 # With the order term the lr grows more slowly: on ml-100k's validation split (3 seeds) k^0.5
@@ -235,6 +236,17 @@ class TrainConfig:
     eval_batch: int | None = opt(
         None, SCORING_BATCH_HELP, DEVICES, shown="2^20", aliases=("--valid_batch_size",), check=AT_LEAST_1,
     )  # fmt: skip
+    eval_every: int | None = opt(
+        None, "Score validation every K epochs (and the last); the test set only when an epoch "
+        "becomes the run's.", EVAL, shown="1", check=AT_LEAST_1,
+    )  # fmt: skip
+    # how the data is laid over the ranks, not what is trained: kept out of tunables(); the run
+    # records the mode it used (config.json's "shard")
+    shard: str = opt(
+        "auto", "users: each rank loads only its buckets of users (about 1/N of the data); none: "
+        "every rank loads all of it; auto: users when all of it would not fit.", DEVICES,
+        check=one_of(SHARDS),
+    )  # fmt: skip
     keep_checkpoints: int | None = opt(
         None, "Per-epoch checkpoints kept.", OUTPUT, shown="3", check=AT_LEAST_1
     )  # last.pt and best.pt always
@@ -346,7 +358,7 @@ def batch_lr(
 def tunables(cfg: TrainConfig) -> dict[str, Any]:
     """The resolved options saved in checkpoints (no paths, no device)."""
     d = asdict(cfg)
-    for k in ("data_dir", "out", "resume", "overwrite", "device", "tensorboard"):
+    for k in ("data_dir", "out", "resume", "overwrite", "device", "tensorboard", "shard"):
         d.pop(k)
     d["layers"] = list(cfg.layers) if cfg.layers is not None else None
     return d

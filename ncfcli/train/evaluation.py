@@ -60,13 +60,15 @@ def eval_sets(
     cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend
 ) -> dict[str, tuple[Any, ...]]:
     """This rank's share of each held-out split, on the device: {split: (users, items,
-    negatives[, the order term's previous items])}."""
+    negatives[, the order term's previous items])}. A shard's held-out sets are its own users'
+    already (`ncf train --shard users`), so it keeps them all; a whole dataset is cut into
+    the ranks' shares here. Either way each user is scored on exactly one rank."""
     out = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held: tuple[Any, ...] = data.held_out(split, backend.xp)
         if cfg.order_factors:  # each user's latest item before the held-out one
             held += (data.context(split, backend.xp)[held[0]],)
-        lo, hi = env.shard(int(held[0].shape[0]))
+        lo, hi = env.shard(int(held[0].shape[0])) if data.shard is None else (None, None)
         out[split] = tuple(backend.to_torch(a)[lo:hi] for a in held)
     return out
 
@@ -76,6 +78,17 @@ def improves(best: dict[str, Any] | None, select: str, metrics: dict[str, float]
     key = (metrics["hr@10"], metrics["ndcg@10"])
     return (best is None or select == "last"
             or key > (best[select]["hr@10"], best[select]["ndcg@10"]))  # fmt: skip
+
+
+def score_split(
+    model: torch.nn.Module,
+    sets: dict[str, tuple[Any, ...]],
+    split: str,
+    env: DistEnv,
+    max_rows: int,
+) -> dict[str, float]:
+    """HR@10 and NDCG@10 of one held-out split (this rank's users, summed over ranks)."""
+    return _evaluate(model, sets[split], env, max_rows)
 
 
 def evaluate_splits(

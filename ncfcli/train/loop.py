@@ -22,6 +22,7 @@ import os
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,6 @@ from ncfcli import checkpoint as ckpt
 from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import load_prepared
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.logs import RunLog
@@ -52,13 +52,24 @@ from ncfcli.train.run import (
     save_epoch,
     save_interrupted,
 )
+from ncfcli.train.shard import load as load_shard
 from ncfcli.train.start import Session, start
 
 LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
 
 
-def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) -> TrainResult:
-    """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress)."""
+def train(
+    cfg: TrainConfig,
+    progress: Any = None,
+    env: DistEnv | None = None,
+    on_epoch: Callable[[int, dict[str, dict[str, float]]], bool] | None = None,
+    score_test: bool = True,
+) -> TrainResult:
+    """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress).
+
+    `on_epoch(epoch, scores)`, after each scored epoch, returns False to stop the run there
+    (`ncf tune` prunes a trial so); `score_test=False` never reads the test set (a tune's
+    trials, chosen on validation)."""
     t_start = time.perf_counter()
     env = env or dist_env.env_from_environ()
     backend = get_backend(cfg.device, env.local_rank)
@@ -66,7 +77,7 @@ def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) ->
     threads = torch.get_num_threads()  # _train may lower it for small CPU batches
     try:
         with _tf32_restored():
-            result = _train(cfg, progress, env, backend, t_start)
+            result = _train(cfg, progress, env, backend, t_start, _Hooks(on_epoch, score_test))
         # Every rank reaches the teardown together: a rank that destroys its group while rank 0
         # still writes the run's files can die at exit in gloo's C++ side (SIGABRT, 1 run in 2).
         dist_env.barrier(env)
@@ -83,6 +94,14 @@ def train(cfg: TrainConfig, progress: Any = None, env: DistEnv | None = None) ->
         dist_env.shutdown(env)
 
 
+@dataclass(frozen=True)
+class _Hooks:
+    """What a caller of `train` adds to the run: a say after each scored epoch, no test set."""
+
+    on_epoch: Callable[[int, dict[str, dict[str, float]]], bool] | None = None
+    score_test: bool = True
+
+
 @dataclass
 class _Totals:
     """This invocation's training, over its epochs."""
@@ -94,20 +113,26 @@ class _Totals:
 
 
 def _train(
-    cfg: TrainConfig, progress: Any, env: DistEnv, backend: Backend, t_start: float
+    cfg: TrainConfig,
+    progress: Any,
+    env: DistEnv,
+    backend: Backend,
+    t_start: float,
+    hooks: _Hooks,
 ) -> TrainResult:
     """The run, top to bottom: the dataset (with a --refit's settings and validation merged
     in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
     each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs or
     --target-hr."""
-    data = load_prepared(cfg.data_dir, backend)
+    # This rank's data: all of it, or with --shard users (or auto's choice) its buckets only.
+    data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
     if cfg.refit is not None and not cfg.resume:
         cfg = _refit_settings(cfg, data, env.world_size)
         data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
-        return _fit_baseline(cfg, data, env, backend, run_dir, t_start)
-    s = start(cfg, data, env, backend, run_dir)  # the resolved options, model, Adam, data
+        return _fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
+    s = start(cfg, data, env, backend, run_dir, layout)  # the resolved options, model, Adam
     cfg = s.cfg
     assert cfg.epochs is not None
     run_log = open_run_dir(s, progress)
@@ -137,10 +162,17 @@ def _train(
             done_samples = (ep.n_steps - ep.first) * s.local_batch * env.world_size
             totals.samples += min(done_samples, ep.global_samples)
             loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
-            metrics = _end_epoch(s, epoch, ep, loss_total / max(n_seen, 1.0), seconds, run_log, bar)
+            scores = _end_epoch(s, epoch, ep, loss_total / max(n_seen, 1.0), seconds, run_log,
+                                bar, hooks.score_test)  # fmt: skip
             totals.trained += 1
             del batches  # its views keep the epoch's arrays alive
-            if cfg.target_hr is not None and metrics["hr@10"] >= cfg.target_hr:
+            if scores is None:  # not a scored epoch (--eval-every)
+                continue
+            chosen_by = scores["test" if s.select == "last" else s.select]
+            if cfg.target_hr is not None and chosen_by["hr@10"] >= cfg.target_hr:
+                totals.stopped_early = epoch < cfg.epochs
+                break
+            if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
                 totals.stopped_early = epoch < cfg.epochs
                 break
 
@@ -245,28 +277,55 @@ def _interrupted(
 
 
 def _end_epoch(
-    s: Session, epoch: int, ep: _Epoch, loss: float, seconds: float, run_log: RunLog, bar: Any
-) -> dict[str, float]:
-    """Evaluate the epoch, record it (history, best, checkpoint, metrics rows) and show it;
-    returns the metrics of the split that chooses the epoch."""
-    assert s.cfg.eval_batch is not None
-    scores = evaluation.evaluate_splits(s.model, s.eval_sets, s.env, s.cfg.eval_batch)
-    metrics = scores["test" if s.select == "last" else s.select]
-    record = {"epoch": epoch, "loss": loss, "validation": scores.get("validation"),
-              "test": scores["test"], "train_seconds": seconds,
-              "samples_per_second": ep.global_samples / max(seconds, 1e-9),
-              "lr": ep.lr_first, "lr_end": ep.lr_now}  # fmt: skip
+    s: Session,
+    epoch: int,
+    ep: _Epoch,
+    loss: float,
+    seconds: float,
+    run_log: RunLog,
+    bar: Any,
+    score_test: bool,
+) -> dict[str, dict[str, float]] | None:
+    """Score the epoch, record it (history, best, checkpoint, metrics rows) and show it;
+    returns the scores ({split: HR@10, NDCG@10}), None for an epoch --eval-every skips.
+
+    The split that chooses (validation; test without one) is scored every --eval-every epochs
+    and at the last; the test set, where validation chooses, only when the epoch becomes the
+    run's (the figure the run reports), and never with score_test False. A --refit run (its
+    epochs chosen beforehand) scores the test set at its last epoch only."""
+    cfg = s.cfg
+    assert cfg.eval_batch is not None and cfg.epochs is not None
+    last = epoch == cfg.epochs
+    scored = last or epoch % (cfg.eval_every or 1) == 0
+    if s.select == "last":
+        scored = last
+    record: dict[str, Any] = {"epoch": epoch, "loss": loss, "validation": None, "test": None,
+                              "train_seconds": seconds,
+                              "samples_per_second": ep.global_samples / max(seconds, 1e-9),
+                              "lr": ep.lr_first, "lr_end": ep.lr_now}  # fmt: skip
+    scores: dict[str, dict[str, float]] = {}
+    improved = False
+    if scored:
+        choose = "test" if s.select == "last" else s.select
+        scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch)
+        improved = evaluation.improves(s.best, s.select, scores[choose])
+        if choose != "test" and improved and score_test:
+            scores["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env,
+                                                    cfg.eval_batch)  # fmt: skip
+        record.update(scores)
+        if improved:
+            s.best = {"epoch": epoch, "selected_by": s.select, "test": None, **scores}
     s.history.append(record)
-    improved = evaluation.improves(s.best, s.select, metrics)
-    if improved:
-        s.best = {"epoch": epoch, "selected_by": s.select, **scores}
     if s.env.is_main:
         save_epoch(s, epoch, improved, run_log)
-    hr, ndcg = metrics["hr@10"], metrics["ndcg@10"]
-    shown = "test" if s.select == "last" else s.select[:3]
-    desc = f"{epoch}/{s.cfg.epochs} {shown} HR {hr:.3f} NDCG {ndcg:.3f}"
+    if not scored:
+        bar.update(ep.task, loss=f"{loss:.3f}", description=f"{epoch}/{cfg.epochs} (not scored)")
+        return None
+    shown = "test" if s.select == "last" else s.select
+    hr, ndcg = scores[shown]["hr@10"], scores[shown]["ndcg@10"]
+    desc = f"{epoch}/{cfg.epochs} {shown[:3]} HR {hr:.3f} NDCG {ndcg:.3f}"
     bar.update(ep.task, loss=f"{loss:.3f}", description=desc)
-    return metrics
+    return scores
 
 
 def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
@@ -274,7 +333,7 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
     assert best is not None
     return TrainResult(
         run_dir=str(s.run_dir), epochs=len(s.history), best_epoch=int(best["epoch"]),
-        metrics={k: float(v) for k, v in best["test"].items()},
+        metrics=None if best["test"] is None else {k: float(v) for k, v in best["test"].items()},
         validation=best.get("validation"), selected_by=s.select, dataset_split=s.data.split_method,
         samples_per_second=totals.samples / max(totals.seconds, 1e-9),
         seconds=time.perf_counter() - t_start, trained_epochs=totals.trained,
@@ -282,7 +341,7 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         world_size=s.env.world_size, peak_gpu_bytes=s.backend.peak_memory_bytes(),
         recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=s.probed.to_dict() if s.probed is not None else None,
-        order_factors=int(cfg.order_factors or 0),
+        order_factors=int(cfg.order_factors or 0), shard=s.shard,
     )  # fmt: skip
 
 

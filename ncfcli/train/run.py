@@ -44,7 +44,7 @@ class TrainResult:
     run_dir: str
     epochs: int  # epochs the run has completed
     best_epoch: int
-    metrics: dict[str, float]  # test hr@10 and ndcg@10 of the best epoch
+    metrics: dict[str, float] | None  # test hr@10, ndcg@10 of the best epoch (None: not read)
     validation: dict[str, float] | None  # validation hr@10, ndcg@10 of the best epoch
     selected_by: str  # the split that chose the best epoch: "validation", or "test"
     dataset_split: str  # how the dataset held items out: "time" or "random"
@@ -59,6 +59,7 @@ class TrainResult:
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
     order_factors: int = 0  # the --order-factors the run trained with
+    shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -67,13 +68,17 @@ class TrainResult:
             "best_epoch": self.best_epoch,
             "selected_by": self.selected_by,
             "dataset_split": self.dataset_split,
-            "metrics": {k: self.metrics[k] for k in ("hr@10", "ndcg@10")},
+            "metrics": None
+            if self.metrics is None
+            else {k: self.metrics[k] for k in ("hr@10", "ndcg@10")},
             "validation": self.validation,
             "samples_per_second": self.samples_per_second,
             "seconds": self.seconds,
             "recency_weight": self.recency_weight,
             "order_factors": self.order_factors,
         }
+        if self.shard is not None and self.world_size > 1:  # one process: nothing to lay out
+            out["shard"] = self.shard
         if self.peak_gpu_bytes is not None:
             out["peak_gpu_bytes"] = self.peak_gpu_bytes
         return out
@@ -145,7 +150,7 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
         config = {"model": s.model_cfg.to_dict(), "train": tunables(cfg), "dataset": s.dataset_info,
                   "world_size": env.world_size, "device": s.backend.describe(),
                   "metrics": {"ks": list(KS), "tie_rule": TIE_RULE},
-                  "resumes": s.resumes}  # fmt: skip
+                  "resumes": s.resumes, "shard": s.shard}  # fmt: skip
         if s.probed is not None:
             config["recency_probe"] = s.probed.to_dict()
         elif s.resumed:  # the probe ran when the run started: its record stays
@@ -156,6 +161,10 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
     run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
     run_log.announce(progress, _shown(cfg, s.model_cfg, s.backend.is_cuda), env.world_size,
                      s.backend.describe())  # fmt: skip
+    if s.layout.sharded and env.is_main and progress is not None and not progress.disable:
+        rows = ", ".join(f"{n:,}" for n in s.shard["rank_rows"])
+        progress.console.print(f"shard: users, each rank loads only its buckets ({s.layout.why}); "
+                               f"training rows per rank {rows}", highlight=False)  # fmt: skip
     return run_log
 
 
@@ -166,6 +175,7 @@ def checkpoint_state(
     return {
         "model_config": s.model_cfg.to_dict(), "train_config": tunables(s.cfg), "dataset": s.dataset_info,
         "epoch": epoch, "step": step, "partial_loss": list(loss_sums), "world_size": s.env.world_size,
+        "shard": s.layout.mode,
         "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
         "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
         "history": s.history, "best": s.best,
@@ -209,9 +219,12 @@ def _save_curves(path: Path, history: list[dict[str, Any]]) -> None:
     axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
     for ax, key in zip(axes[1:], ("hr@10", "ndcg@10"), strict=True):
         for split in ("validation", "test"):
-            if history[0].get(split):
-                ax.plot(epochs, [h[split][key] for h in history], marker="o", label=split)
-        ax.legend()
+            scored = [h for h in history if h.get(split)]  # --eval-every, test when chosen
+            if scored:
+                ax.plot([h["epoch"] for h in scored], [h[split][key] for h in scored],
+                        marker="o", label=split)  # fmt: skip
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     for ax, title in zip(axes, ("train loss", "HR@10", "NDCG@10"), strict=True):
         ax.set_title(title)
         ax.set_xlabel("epoch")

@@ -11,6 +11,11 @@ Scaling across ranks (`--scaling`):
 - strong (default, NVIDIA's): `--batch-size` is the global batch, each rank takes
   batch_size // world_size, and the learning rate is unchanged.
 - weak: `--batch-size` is each rank's batch, so the global batch is batch_size * world_size.
+
+With `--shard users` (shard.py) a rank holds only its buckets: the options are resolved from
+the whole dataset's size (the ranks' rows summed), the recency probe runs on rank 0's shard and
+its verdict is every rank's, and each rank's sampler draws from its own rows for the same
+number of steps (data/batches.py).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from typing import Any
 import torch
 
 from ncfcli import checkpoint as ckpt
+from ncfcli import distributed as dist_env
 from ncfcli import recency
 from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
+from ncfcli.defaults import ORDER_FACTORS_ON
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.model import ModelConfig, build_model, count_parameters
@@ -35,6 +42,7 @@ from ncfcli.train.evaluation import _selection, eval_sets
 from ncfcli.train.optim import make_optimizer
 from ncfcli.train.refit import _load_towers
 from ncfcli.train.run import _changes, _check_run_dir, _dataset_info
+from ncfcli.train.shard import Layout, record
 
 
 @dataclass
@@ -64,6 +72,8 @@ class Session:
     resumed: bool
     done: int  # epochs done before this invocation
     resumes: list[dict[str, Any]]  # config.json's record of every resume, this one included
+    layout: Layout = field(default_factory=lambda: Layout("none", ""))  # --shard (shard.py)
+    shard: dict[str, Any] = field(default_factory=dict)  # its record: mode, rows per rank
     start_step: int = 0  # steps of epoch done + 1 done before this invocation
     partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
@@ -76,18 +86,21 @@ class Session:
 
 
 def start(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path
-) -> Session:
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path,
+    layout: Layout | None = None,
+) -> Session:  # fmt: skip
     """Resume or start: the resolved options, the model (from `seed`, or the checkpoint), Adam,
-    and the data on the device. Writes nothing."""
+    and the data on the device (this rank's shard in `layout`'s users mode). Writes nothing."""
+    layout = layout or Layout("none", "")
     resumed, data, cfg = _resumed(cfg, data, backend, run_dir)
     if data.merged_validation and cfg.target_hr is not None:
         raise NcfError("--target-hr stops on the validation split, and a --refit run trains on it "
                        "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip
-    n_train = int(data.train_users.shape[0])
+    shard = record(layout, data, env, backend.torch_device)
+    n_train = sum(shard["rank_rows"]) if layout.sharded else int(data.train_users.shape[0])
     replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
-    cfg, probed = _resolved(cfg, data, env, backend, saved, n_train)
+    cfg, probed = _resolved(cfg, data, env, backend, saved, n_train, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
@@ -108,13 +121,14 @@ def start(
     restored = {}
     if resumed:
         assert saved is not None
-        restored = _restore(cfg, env, resumed, saved, model, optimizer, scaler, resumes, done)
+        restored = _restore(cfg, env, resumed, saved, model, optimizer, scaler, resumes, done,
+                            layout.mode)  # fmt: skip
     ddp: torch.nn.Module = model
     if env.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
-    sampler, local_batch = _sampler(cfg, data, env, backend)
+    sampler, local_batch = _sampler(cfg, data, env, backend, shard["rank_rows"], layout)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = _selection(data)
     held = eval_sets(cfg, data, env, backend)
@@ -123,8 +137,8 @@ def start(
                    optimizer=optimizer, scaler=scaler, n_params=n_params, sampler=sampler,
                    local_batch=local_batch, eval_sets=held, select=select,
                    dataset_info=_dataset_info(cfg, data), replace_run=replace_run, probed=probed,
-                   resumed=resumed is not None, done=done, resumes=resumes,
-                   **restored)  # fmt: skip
+                   resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
+                   shard=shard, **restored)  # fmt: skip
 
 
 def _resumed(
@@ -155,27 +169,53 @@ def _resolved(
     backend: Backend,
     saved: dict[str, Any] | None,
     n_train: int,
+    sharded: bool = False,
 ) -> tuple[TrainConfig, recency.Probe | None]:
     """Every option filled (config.resolve), with the defaults that need time (TIME_DEFAULTS)
     off where the dataset has no time order or the validation probe finds no time signal; and
-    the probe's result when it ran."""
+    the probe's result when it ran (on rank 0's shard when `sharded`, shared with every rank)."""
     given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
     if data.train_age is None and saved is None:  # no time order: those defaults are off
         cfg = replace(cfg, **{n: off for n, off in TIME_DEFAULTS.items() if given[n] is None})
     cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
     probed = None
     wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
-    if wanted:
+    # Past the first tier the size default has no order term; where the validation probe finds
+    # a time signal (a sequential log), it is turned on as in the first tier.
+    order_probe = (not cfg.order_factors and given["order_factors"] is None and saved is None
+                   and data.train_age is not None)  # fmt: skip
+    if wanted or order_probe:
         # The size default says "on": the validation split decides whether time says anything.
-        probed = recency.probe(data, backend.xp, seed=0)
-        if probed is None or not probed.on:
+        probed = (_shared_probe(data, env, backend) if sharded
+                  else recency.probe(data, backend.xp, seed=0))  # fmt: skip
+        if wanted and (probed is None or not probed.on):
             cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
+        if order_probe and probed is not None and probed.on:
+            cfg = replace(cfg, order_factors=ORDER_FACTORS_ON)
     for name, off in TIME_DEFAULTS.items():
         if getattr(cfg, name) and data.train_age is None:
             if given[name]:
                 _check_ages(cfg, data, "--" + name.replace("_", "-"))
             cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
     return cfg, probed
+
+
+def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency.Probe | None:
+    """The validation probe on rank 0's shard, its verdict sent to every rank: the probe reads
+    co-occurrence across users, which no shard holds whole, and the ranks must agree on the
+    options. Rank 0's users are a sample of about 1/W of them, as the probe samples anyway."""
+    import torch
+
+    mine = recency.probe(data, backend.xp, seed=0) if env.is_main else None
+    row = torch.zeros(6, dtype=torch.float64, device=backend.torch_device)
+    if mine is not None:
+        row += torch.tensor([1.0, mine.z, mine.mean_difference, mine.users, mine.threshold,
+                             float(mine.on)], dtype=torch.float64)  # fmt: skip
+    got = dist_env.all_reduce_sum(row, env).cpu().tolist()
+    if not got[0]:
+        return None
+    return recency.Probe(z=got[1], mean_difference=got[2], users=int(got[3]), threshold=got[4],
+                         on=bool(got[5]))  # fmt: skip
 
 
 def _check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
@@ -210,6 +250,7 @@ def _restore(
     scaler: torch.amp.GradScaler,
     resumes: list[dict[str, Any]],
     done: int,
+    mode: str = "none",
 ) -> dict[str, Any]:
     """Load the checkpoint into the model, Adam and the loss scaler, record this resume (what it
     changed) in `resumes`, and return the Session fields it carries (history, best, the step
@@ -222,7 +263,9 @@ def _restore(
     out: dict[str, Any] = {"history": list(resumed.get("history") or []),
                            "best": resumed.get("best")}  # fmt: skip
     start_step = 0
-    same_layout = resumed.get("world_size") == env.world_size
+    # A step inside an epoch is one of that layout's: the ranks' samples depend on it.
+    had = resumed.get("shard") or "none"  # a checkpoint from before --shard: every rank had all
+    same_layout = resumed.get("world_size") == env.world_size and had == mode
     if resumed.get("step", 0) and same_layout:
         start_step = out["start_step"] = int(resumed["step"])
         out["partial"] = [float(x) for x in resumed.get("partial_loss", [0.0, 0.0])]
@@ -233,15 +276,19 @@ def _restore(
     changed = _changes(saved, tunables(cfg))
     if resumed.get("world_size") not in (None, env.world_size):
         changed["world_size"] = [resumed.get("world_size"), env.world_size]
+    if had != mode:
+        changed["shard"] = [had, mode]
     resumes.append({"epoch": done, "step": start_step, "changed": changed})
     return out
 
 
 def _sampler(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend
-) -> tuple[NegativeSampler, int]:
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, rank_rows: list[int],
+    layout: Layout,
+) -> tuple[NegativeSampler, int]:  # fmt: skip
     """The epochs' sampler (recency weights and the order term's previous items on the device)
-    and this rank's batch; sets the CPU's threads for that batch."""
+    and this rank's batch; sets the CPU's threads for that batch. A shard's sampler draws from
+    its own rows, as many samples as the largest shard has (data/batches.py)."""
     assert cfg.batch_size is not None
     pos_weight = None
     if cfg.recency_weight:
@@ -249,9 +296,14 @@ def _sampler(
                                              float(cfg.recency_span or 1.0), backend.xp,
                                              data.train_users, data.n_users)  # fmt: skip
     pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
-    sampler = NegativeSampler(data, backend, cfg.neg_per_pos or 4, approx=bool(cfg.approx_negatives),
+    neg = cfg.neg_per_pos or 4
+    common, stream = None, 0
+    if layout.sharded:
+        common = max(rank_rows) * (1 + neg)
+        stream = 1 + min(layout.buckets[env.rank])  # its own draws: a function of its buckets
+    sampler = NegativeSampler(data, backend, neg, approx=bool(cfg.approx_negatives),
                               seed=cfg.seed or 0, env=env, pos_weight=pos_weight,
-                              pos_prev=pos_prev)  # fmt: skip
+                              pos_prev=pos_prev, common=common, stream=stream)  # fmt: skip
     local_batch = (
         cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
     )

@@ -1,0 +1,35 @@
+"""`ncf tune DATA_DIR`: its options are TuneConfig's fields (ncfcli/tune/config.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, user_errors
+from ncfcli.options import aliases, build, with_options
+from ncfcli.tune.config import TuneConfig
+
+ALIASES["tune"] = aliases(TuneConfig)
+
+
+@app.command(cls=NcfCommand)
+@user_errors
+@with_options(TuneConfig)
+def tune(options: dict[str, Any], json_out: bool = json_option()) -> None:
+    """Search models and settings on the validation split (Optuna); the best becomes a run."""
+    from ncfcli.tune.run import tune as run_tune
+    from ncfcli.ui import print_json
+
+    cfg = build(TuneConfig, options)
+    report = run_tune(cfg)
+    if json_out:
+        print_json({k: report[k] for k in ("tune_dir", "resumed", "spent_seconds", "best")}
+                   | {"trials": len(report["trials"])})  # fmt: skip
+        return
+    print_tune(report)
+
+
+def print_tune(report: dict[str, Any]) -> None:
+    from ncfcli.report import print_tune_report
+    from ncfcli.ui import out_console
+
+    print_tune_report(out_console(), report)

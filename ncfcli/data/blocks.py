@@ -1,0 +1,310 @@
+"""The Dask engine's units of reading: blocks of the input, each parsed by the memory engine's
+own code (ncfcli/data/raw.py, values.py); what ncfcli/data/engine_dask.py maps over the workers.
+
+- A text file is cut into byte ranges of whole lines (`NCF_DASK_BLOCK_BYTES`, default 64 MB);
+  a bad value names the file and its line in the whole file (the block's first line is counted
+  only when a message needs it).
+- A Parquet file gives one block a row group; synthetic data one block a partition of users
+  (ncfcli/data/synthetic.py generates each on its own, seeded by the seed and the partition).
+- Column-wide rules (a column of ids is text if any value is; times are scaled by the column's
+  longest fraction; the first value says epoch or ISO) are reported by each block, so the
+  client can read again the blocks that disagree, as the whole column would be read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncfcli.backend import Backend, get_backend
+from ncfcli.data import raw, values
+from ncfcli.data.index import take
+from ncfcli.errors import NcfError
+
+BLOCK_BYTES_ENV = "NCF_DASK_BLOCK_BYTES"  # tests cut small files into many blocks with it
+BLOCK_BYTES = 64 << 20  # a text block: ~2.5M MovieLens rows, ~200 MB once parsed and keyed
+_INT64_MAX = (1 << 63) - 1
+
+
+def block_bytes() -> int:
+    return int(os.environ.get(BLOCK_BYTES_ENV, BLOCK_BYTES))
+
+
+# ---- units of reading ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    """One partition of the input: lines start..end of a text file (by byte), row group
+    `start` of a Parquet file (`first_row` rows before it), or synthetic partition `start`."""
+
+    kind: str  # "csv", "parquet" or "synthetic"
+    path: str
+    start: int
+    end: int = 0
+    first_row: int = 0
+    layout: Any = None  # raw._Layout of the file, sniffed once on the client
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What every block's parse needs from the options, and the column-wide decisions."""
+
+    roles: dict[str, str | None]  # role -> column (time None: --split random)
+    min_rating: float | None
+    shape: Any = None  # synthetic: the SyntheticShape
+    seed: int = 0
+    text_ids: frozenset[str] = frozenset()  # roles read as text: some block had text ids
+    time_kind: str | None = None  # "epoch"/"iso": the first value's kind, where blocks differ
+    parts: tuple[int, ...] = ()  # synthetic: the user bounds of its partitions
+    device: str = "cpu"
+
+
+@dataclass
+class Part:
+    """A block as read: raw ids, int64 times, and what the column-wide rules need."""
+
+    user: Any
+    item: Any
+    ts: np.ndarray
+    n_raw: int
+    n_low: int
+    kinds: dict[str, str] = field(default_factory=dict)  # role -> "int" | "str"
+    time_kind: str = "int"  # "int", "epoch", "iso" or "float"
+    digits: int = 0  # fraction digits of the times as read (values._scaled)
+    top: float = float("-inf")  # the highest rating (for --min-rating's message)
+
+
+def _header_names(path: Path, layout: Any) -> tuple[str, ...]:
+    if layout.names:
+        return tuple(layout.names)
+    if layout.bom_header:
+        return tuple(layout.bom_header)
+    first = raw._sniff_text(path)[0]
+    return tuple(c.strip().strip('"') for c in first.split(layout.sep))
+
+
+def text_blocks(path: Path, layout: Any, size: int) -> list[Block]:
+    """Byte ranges of whole lines, about `size` each; the header line is no block's."""
+    total = path.stat().st_size
+    start = 0
+    with open(path, "rb") as f:
+        if layout.header:  # the first non-blank line
+            while True:
+                line = f.readline()
+                if not line or line.strip(b"\r\n\t "):
+                    break
+            start = f.tell()
+        elif f.read(3) == raw._BOM.encode():
+            start = 3
+        cuts = [start]
+        while cuts[-1] < total:
+            f.seek(min(cuts[-1] + size, total))
+            if f.tell() < total:
+                f.readline()  # to the end of the line the cut falls in
+            cuts.append(min(f.tell(), total))
+    names = _header_names(path, layout)
+    flat = dataclasses.replace(layout, header=False, names=names, bom_header=None)
+    return [Block("csv", str(path), a, b, 0, flat) for a, b in zip(cuts, cuts[1:], strict=False)
+            if b > a]  # fmt: skip
+
+
+def _block_locator(path: Path, start: int) -> Any:
+    """row of a block -> "line N" of the whole file; counts lines only when a message needs it."""
+    return raw._line_locator(path, header=False, start=start)
+
+
+def _read_text_block(block: Block, wanted: list[str]) -> dict[str, Any]:
+    path = Path(block.path)
+    with open(path, "rb") as f:
+        f.seek(block.start)
+        data = f.read(block.end - block.start)
+    return raw.read_csv_block(path, block.layout, wanted, data)
+
+
+def _read_parquet_block(block: Block, wanted: list[str]) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(block.path).read_row_group(block.start, columns=wanted)
+    except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
+        raise NcfError(f"{block.path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+    return raw.table_columns(table, wanted)
+
+
+def _fraction_digits(text: Any, kind: str) -> int:
+    """The longest fraction of a text time column, as values._scaled measures it."""
+    if kind == "epoch":
+        fraction = values._number_parts(text)[1]
+    else:
+        fraction = text.str.replace("^[^.]*[.]?", "", regex=True).str.replace(
+            "[^0-9].*$", "", regex=True
+        )
+    return int(fraction.str.len().max()) if len(fraction) else 0
+
+
+def _times(col: Any, origin: values.Origin, backend: Backend,
+           force: str | None) -> tuple[np.ndarray, str, int]:  # fmt: skip
+    """(int64 times in the file's order, their kind, fraction digits) of one block's column."""
+    xp = backend.xp
+    col = values._plain(col)
+    if not values._is_text(col):
+        if col.dtype.kind == "f":  # ranked in one process; here an order-keeping int64 view
+            values._no_nulls(col, origin, backend)
+            v = np.asarray(col, dtype=np.float64)
+            row = values._first(~np.isfinite(v), np)
+            if row is not None:
+                raise origin.error(row, f"{values._cell(col, row)} is not a finite time")
+            bits = (v + 0.0).view(np.int64)  # + 0.0: -0.0 and 0.0 are one time
+            return np.where(bits < 0, bits ^ _INT64_MAX, bits), "float", 0
+        return values.time_values(col, origin, backend), "int", 0
+    text, _ = values._text(col, origin, backend)
+    kind = force or ("epoch" if bool(text.str.contains(values.NUMBER).iloc[0]) else "iso")
+    if kind == "epoch":
+        number = values._array(text.str.contains(values.NUMBER), backend)
+        row = values._first(~number, xp)
+        if row is not None:
+            raise origin.error(row, f"cannot read {values._cell(text, row)} as a time like the "
+                                    f"column's first value ({values.TIME_FORMS})")  # fmt: skip
+        return values._epoch(text, origin, backend), kind, _fraction_digits(text, kind)
+    return values._iso(text, origin, backend), kind, _fraction_digits(text, kind)
+
+
+def first_time_kind(blocks: list[Block], roles: dict[str, str | None]) -> str | None:
+    """ "epoch" or "iso" by the first value of a text file's time column, which decides for
+    the whole column (values.time_values); None where the file does not say (Parquet)."""
+    if not blocks or blocks[0].kind != "csv" or roles["time"] is None:
+        return None
+    layout = blocks[0].layout
+    with open(blocks[0].path, "rb") as f:
+        f.seek(blocks[0].start)
+        for line in f:
+            if line.strip(b"\r\n"):
+                cells = line.decode("utf-8", "replace").rstrip("\r\n").split(layout.sep)
+                k = list(layout.names).index(roles["time"])
+                if k >= len(cells):
+                    return None
+                return "epoch" if re.match(values.NUMBER, cells[k].strip()) else "iso"
+    return None
+
+
+def read_block(block: Block, spec: ReadSpec) -> Part:
+    """Parse one block with the memory engine's code; --min-rating applied."""
+    backend = get_backend("cpu")  # the split runs on spec.device; parsing is host work
+    if block.kind == "synthetic":
+        return _synthetic_block(block, spec)
+    roles = spec.roles
+    wanted = [c for c in (roles["user"], roles["item"], roles["time"]) if c is not None]
+    if spec.min_rating is not None and roles["rating"] is not None:
+        wanted.append(roles["rating"])
+    path = Path(block.path)
+    if block.kind == "parquet":
+        columns = _read_parquet_block(block, wanted)
+        first = block.first_row
+
+        def locate(row: int) -> str:
+            return f"row {first + row + 1}"
+    else:
+        columns = _read_text_block(block, wanted)
+        locate = _block_locator(path, block.start)
+    n_raw = len(columns[wanted[0]])
+    part = Part(None, None, np.zeros(0, np.int64), n_raw, 0)
+    ids = {}
+    for role in ("user", "item"):
+        name = roles[role]
+        assert name is not None
+        origin = values.Origin(path, name, locate)
+        col = columns.pop(name)
+        if role in spec.text_ids:
+            if not values._is_text(values._plain(col)):
+                raise NcfError(f"{path}: its {role} ids are numbers where other blocks' are "
+                               "text; give every file the same kind of ids")  # fmt: skip
+            ids[role] = values.to_arrow_strings(values._text(col, origin, backend)[0])
+        else:
+            ids[role] = values.id_values(col, origin, backend)
+        part.kinds[role] = "int" if isinstance(ids[role], np.ndarray) else "str"
+        if part.kinds[role] == "int":
+            ids[role] = ids[role].astype(np.int64, copy=False)
+    if roles["time"] is not None:
+        origin = values.Origin(path, roles["time"], locate)
+        ts, part.time_kind, part.digits = _times(columns.pop(roles["time"]), origin, backend,
+                                                 spec.time_kind)  # fmt: skip
+    else:
+        ts = np.zeros(n_raw, dtype=np.int64)
+    user, item = ids["user"], ids["item"]
+    if spec.min_rating is not None:
+        assert roles["rating"] is not None
+        origin = values.Origin(path, roles["rating"], locate)
+        rating = values.rating_values(columns.pop(roles["rating"]), origin, backend)
+        part.top = float(rating.max()) if len(rating) else part.top
+        keep = rating >= spec.min_rating
+        part.n_low = n_raw - int(keep.sum())
+        user, item, ts = take(user, keep, backend), take(item, keep, backend), ts[keep]
+    part.user, part.item, part.ts = user, item, np.asarray(ts, dtype=np.int64)
+    return part
+
+
+def _synthetic_block(block: Block, spec: ReadSpec) -> Part:
+    from ncfcli.data import synthetic
+
+    need_rating = spec.min_rating is not None
+    data = synthetic.generate_partition(spec.shape, spec.seed, block.start, need_rating,
+                                        list(spec.parts))  # fmt: skip
+    n = len(data["user"])
+    user, item = data["user"].astype(np.int64), data["item"].astype(np.int64)
+    ts = data["timestamp"] if spec.roles["time"] is not None else np.zeros(n, dtype=np.int64)
+    part = Part(user, item, ts, n, 0, {"user": "int", "item": "int"})
+    if need_rating:
+        keep = data["rating"] >= spec.min_rating
+        part.top = float(data["rating"].max())
+        part.n_low = n - int(keep.sum())
+        part.user, part.item, part.ts = user[keep], item[keep], ts[keep]
+    return part
+
+
+def _distinct(ids: Any) -> Any:
+    if isinstance(ids, np.ndarray):
+        return np.unique(ids)
+    import pyarrow.compute as pc
+
+    return pc.unique(ids)
+
+
+def summarize(part: Part) -> dict[str, Any]:
+    """What the client needs of a block: counts, kinds and distinct raw ids (small)."""
+    return {"n_raw": part.n_raw, "n_low": part.n_low, "n_rows": len(part.ts),
+            "kinds": part.kinds, "time_kind": part.time_kind, "digits": part.digits,
+            "top": part.top,
+            "users": _distinct(part.user), "items": _distinct(part.item)}  # fmt: skip
+
+
+def dictionary(pieces: list[Any]) -> Any:
+    """Sorted distinct raw ids (host): NumPy int64, or a NumPy object array of str."""
+    if all(isinstance(p, np.ndarray) for p in pieces):
+        return np.unique(np.concatenate(pieces))
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    uniques = pc.unique(pa.concat_arrays([p.cast(pa.large_string()) for p in pieces]))
+    uniques = uniques.take(pc.sort_indices(uniques))
+    return uniques.cast(pa.string()).to_numpy(zero_copy_only=False)
+
+
+def codes(ids: Any, dictionary: Any) -> np.ndarray:
+    if isinstance(ids, np.ndarray):
+        return np.searchsorted(dictionary, ids).astype(np.int64)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value_set = pa.array(dictionary, type=pa.large_string())
+    return (
+        pc.index_in(ids.cast(pa.large_string()), value_set=value_set)
+        .to_numpy(zero_copy_only=False)
+        .astype(np.int64)
+    )

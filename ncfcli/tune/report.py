@@ -1,0 +1,187 @@
+"""What `ncf tune` leaves: the chosen run, its test figures, the trials table, the importances.
+
+- `TUNE_DIR/best`: the chosen trial's run directory, a normal run (`ncf eval`, `export` and
+  `recommend` take it). Its test set is read once: sampled and full ranking, when a trial first
+  becomes the chosen one (a resumed tune whose best did not change reads nothing again).
+- `TUNE_DIR/report.json`: the budget used, each trial (number, state, kind, settings, validation
+  HR@10 and NDCG@10, epochs), the chosen one with its test figures, and the importances of the
+  settings (fANOVA over the finished trials: across kinds, and within each kind);
+  `trials.csv`: the trials table; `validation.png`: validation HR@10 over trials and the best
+  so far. `ncf inspect TUNE_DIR` prints it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_write_text, record_written
+from ncfcli.tune import space
+from ncfcli.tune.search import SPENT, TRIALS_DIR, _optuna
+
+REPORT, TABLE, PLOT, BEST = "report.json", "trials.csv", "validation.png", "best"
+KIND = "tune"
+
+
+def trial_rows(study: Any) -> list[dict[str, Any]]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        plain = space.plain(t.params)
+        rows.append({
+            "number": t.number, "state": t.state.name.lower(), "model": plain.pop("model", None),
+            "params": plain, "validation_hr@10": t.value,
+            "validation_ndcg@10": t.user_attrs.get("ndcg@10"),
+            "epochs": t.user_attrs.get("epochs", t.last_step),
+            "seconds": (t.duration.total_seconds() if t.duration is not None else None),
+        })  # fmt: skip
+    return rows
+
+
+def best_trial(study: Any) -> Any | None:
+    """The finished trial with the highest validation HR@10, NDCG@10 breaking ties."""
+    states = _optuna().trial.TrialState
+    done = [t for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
+    if not done:
+        return None
+    return max(done, key=lambda t: (t.value, t.user_attrs.get("ndcg@10", 0.0), -t.number))
+
+
+def importances(study: Any) -> dict[str, dict[str, float]]:
+    """{"all": ..., kind: ...}: fANOVA importances of the settings over the finished trials,
+    across kinds (the settings every trial has: the kind) and within each kind with 3 or more."""
+    optuna = _optuna()
+    states = optuna.trial.TrialState
+    done = study.get_trials(deepcopy=False, states=(states.COMPLETE,))
+    out: dict[str, dict[str, float]] = {}
+    kinds = sorted({t.params["model"] for t in done})
+    if len(done) >= 3 and len(kinds) > 1:
+        out["all"] = _importance(optuna, study, ["model"])
+    for kind in kinds:
+        mine = [t for t in done if t.params["model"] == kind]
+        names = sorted(set.intersection(*(set(t.params) for t in mine)) - {"model"})
+        if len(mine) >= 3 and names:
+            sub = optuna.create_study(direction="maximize")
+            sub.add_trials(mine)
+            out[kind] = {k.split(".", 1)[-1]: v for k, v in _importance(optuna, sub, names).items()}
+    return out
+
+
+def _importance(optuna: Any, study: Any, params: list[str]) -> dict[str, float]:
+    try:
+        got = optuna.importance.get_param_importances(study, params=params)
+    except (RuntimeError, ValueError):  # too few distinct values to split on
+        return {}
+    return {k: round(float(v), 4) for k, v in got.items()}
+
+
+def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) -> dict[str, Any]:
+    """The chosen run (tested once), then the report files; returns the report."""
+    old = _read(tune_dir / REPORT)
+    best = best_trial(study)
+    chosen = old.get("best") if old else None
+    if best is not None and (chosen is None or chosen.get("number") != best.number):
+        chosen = _choose(best, tune_dir, device)
+    report = {
+        "kind": KIND, "config": cfg_json,
+        "spent_seconds": round(float(study.user_attrs.get(SPENT, 0.0)), 1),
+        "trials": trial_rows(study), "best": chosen, "importances": importances(study),
+    }  # fmt: skip
+    atomic_write_text(tune_dir / REPORT, json.dumps(report, indent=2, default=str) + "\n")
+    rows = report["trials"]
+    assert isinstance(rows, list)
+    _write_table(tune_dir / TABLE, rows)
+    _plot(tune_dir / PLOT, rows)
+    record_written(tune_dir, [REPORT, TABLE, PLOT], kind=KIND)
+    _prune_dirs(tune_dir, chosen)
+    return report
+
+
+def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
+    """Copy the trial's run to TUNE_DIR/best and read its test set, once per protocol."""
+    from ncfcli.evaluate import EvalConfig, run_eval
+
+    src = Path(best.user_attrs["run_dir"])
+    if not (src / "config.json").is_file():
+        raise NcfError(f"the chosen trial's run {src} is missing: run the tune again")
+    dest = tune_dir / BEST
+    tmp = tune_dir / f".{BEST}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    record_written(tune_dir, [BEST], kind=KIND)
+    test = {}
+    for full in (False, True):
+        res = run_eval(dest, EvalConfig(ks=(10,), full_ranking=full), device).result
+        test["full" if full else "sampled"] = {k: round(v, 4) for k, v in res["metrics"].items()}
+    plain = space.plain(best.params)
+    return {"number": best.number, "model": plain.pop("model"), "params": plain,
+            "validation": {"hr@10": best.value, "ndcg@10": best.user_attrs.get("ndcg@10")},
+            "best_epoch": best.user_attrs.get("best_epoch"), "test": test,
+            "run_dir": str(dest)}  # fmt: skip
+
+
+def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None) -> None:
+    """Keep the trials' runs off the disk once the chosen one is copied (TUNE_DIR/best)."""
+    if chosen is None:
+        return
+    trials = tune_dir / TRIALS_DIR
+    for d in trials.iterdir() if trials.is_dir() else []:
+        if d.is_dir() and (d / "config.json").is_file() and d.name != f"{chosen['number']:05d}":
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    names = ["number", "state", "model", "validation_hr@10", "validation_ndcg@10", "epochs",
+             "seconds", "params"]  # fmt: skip
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=names)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "params": json.dumps(r["params"], sort_keys=True)})
+    tmp.replace(path)
+
+
+def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["state"] == "complete" and r["validation_hr@10"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    kinds = sorted({r["model"] for r in done})
+    for kind in kinds:
+        mine = [r for r in done if r["model"] == kind]
+        ax.scatter([r["number"] for r in mine], [r["validation_hr@10"] for r in mine], s=14,
+                   label=kind)  # fmt: skip
+    best, xs, ys = -1.0, [], []
+    for r in sorted(done, key=lambda r: r["number"]):
+        best = max(best, r["validation_hr@10"])
+        xs.append(r["number"])
+        ys.append(best)
+    if xs:
+        ax.step(xs, ys, where="post", color="black", linewidth=1, label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("validation HR@10")
+    if kinds:
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)

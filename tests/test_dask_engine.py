@@ -1,0 +1,171 @@
+"""`ncf prepare --engine dask` writes the memory engine's dataset: `pytest tests/test_dask_engine.py`.
+
+Each run starts a local cluster of worker processes (about 2 s), so the cases are few and each
+checks much: every array, the id maps and the fingerprint against the memory engine.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.cli import app
+from ncfcli.data.dataset import load_id_maps, read_arrays, read_meta
+
+pytest.importorskip("distributed")
+
+
+def ncf(*args: object) -> object:
+    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
+
+
+def same_dataset(a: Path, b: Path) -> dict:
+    """Every array (rows already sorted by (user, item)), the id maps and the fingerprint."""
+    left, right = read_arrays(a), read_arrays(b)
+    assert sorted(left) == sorted(right)
+    for name in left:
+        assert left[name].dtype == right[name].dtype, name
+        np.testing.assert_array_equal(left[name], right[name], err_msg=name)
+    for x, y in zip(load_id_maps(a), load_id_maps(b), strict=True):
+        assert x.tolist() == y.tolist()
+    ma, mb = read_meta(a), read_meta(b)
+    assert ma["fingerprint"] == mb["fingerprint"]
+    differ = {k for k in set(ma) | set(mb) if ma.get(k) != mb.get(k)}
+    assert differ <= {"created", "buckets", "n_buckets"}, differ
+    return ma
+
+
+def both(tmp_path: Path, src: object, *args: object, workers: int, buckets: int | None = None,
+         dask_args: tuple = ()) -> dict:  # fmt: skip
+    """The memory engine, then the dask one with `workers` (and `buckets`); the same dataset."""
+    mem, dk = tmp_path / f"mem{workers}", tmp_path / f"dask{workers}"
+    res = ncf(src, *args, "--engine", "memory", "--out", mem)
+    assert res.exit_code == 0, res.output
+    more = ("--buckets", buckets) if buckets else ()
+    res = ncf(src, *args, "--engine", "dask", "--workers", workers, *more, *dask_args,
+              "--out", dk)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return same_dataset(mem, dk)
+
+
+@pytest.mark.parametrize(("workers", "buckets"), [(1, 3), (2, None), (3, 7)])
+def test_synthetic_equals_memory_engine(tmp_path: Path, workers: int, buckets: int | None,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # Two synthetic partitions of users (PART_ROWS patched small), so the dask engine reads
+    # more than one block; --min-interactions 9 drops users, and the items only they had.
+    monkeypatch.setattr("ncfcli.data.synthetic.PART_ROWS", 1500)
+    meta = both(tmp_path, "synthetic", "--users", 300, "--items", 120, "--rows", 3000,
+                "--min-interactions", 9, "--eval-negatives", 20, workers=workers,
+                buckets=buckets)  # fmt: skip
+    assert meta["dropped_users"] > 0
+
+
+def _events(path: Path) -> Path:
+    """String and number user ids (a column of text: "12" < "7" < "ann"), duplicates, ties,
+    times with and without fractions, and a user ("solo") with one item."""
+    rng = np.random.default_rng(3)
+    users = ["7", "12", "ann", "bob", "cy", "dee", "42", "eve"]
+    lines = ["user,item,timestamp,rating"]
+    for k, u in enumerate(users):
+        for j in range(6 + k):
+            item = f"i{int(rng.integers(0, 15))}"
+            when = int(rng.integers(100, 110))  # few distinct times: ties
+            frac = ".25" if (k + j) % 5 == 0 else ""
+            lines.append(f"{u},{item},{when}{frac},{1 + (j % 5)}")
+    lines += ["ann,i3,105,5", "ann,i3,109,1", "solo,i2,100,4"]  # a repeated pair; a light user
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("workers", "args"),
+    [
+        (2, ()),
+        (1, ("--no-validation", "--split", "random")),
+        (3, ("--min-rating", 2, "--buckets", 5)),
+    ],
+)
+def test_hand_made_csv_equals_memory_engine(tmp_path: Path, workers: int, args: tuple,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "60")  # about 4 lines a block: many blocks
+    src = _events(tmp_path / "events.csv")
+    meta = both(tmp_path, src, "--eval-negatives", 3, *args, workers=workers)
+    assert meta["dropped_users"] >= 1 and meta["n_duplicates"] >= 1
+    users, _ = load_id_maps(tmp_path / f"dask{workers}")
+    assert users.tolist()[:2] == ["12", "42"]  # text ids, as the whole column reads
+
+
+def test_spills_on_two_million_rows(tmp_path: Path) -> None:
+    """The CI case: 2M synthetic rows, 2 worker processes, a memory limit that forces spilling."""
+    from ncfcli.backend import get_backend
+    from ncfcli.data.config import PrepareConfig
+    from ncfcli.data.prepare import prepare
+
+    backend = get_backend("cpu")
+    common = {"source": "synthetic", "users": 20_000, "items": 5_000, "interactions": 2_000_000,
+              "eval_negatives": 20}  # fmt: skip
+    mem = prepare(PrepareConfig(**common, engine="memory", out=str(tmp_path / "mem")), backend)
+    dk = prepare(PrepareConfig(**common, engine="dask", workers=2, memory_limit="250MiB",
+                               out=str(tmp_path / "dask")), backend, quiet=True)  # fmt: skip
+    assert dk["dask"]["workers"] == 2
+    assert dk["dask"]["spilled_bytes"] > 0, dk["dask"]
+    assert mem["fingerprint"] == dk["fingerprint"]
+    same_dataset(tmp_path / "mem", tmp_path / "dask")
+    assert not list(tmp_path.glob(".*"))  # the spill folder is gone
+
+
+def test_bad_row_in_block_seven_names_file_and_line(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "100")
+    lines = ["user,item,timestamp"] + [f"{u % 9},{u % 13},{1000 + u}" for u in range(200)]
+    # Blocks end at the end of the line holding byte (previous end + 100); block 0 starts after
+    # the header. The bad row is the third line of block 7 (partition 7).
+    ends = np.cumsum([len(x) + 1 for x in lines])  # byte after each line
+    cut = int(ends[0])
+    for _ in range(7):
+        cut = int(ends[np.searchsorted(ends, cut + 100, side="right")])
+    bad_line = int(np.searchsorted(ends, cut, side="right")) + 1 + 2  # 1-based, third of block
+    lines[bad_line - 1] = "3,4.5,2000"
+    src = tmp_path / "events.csv"
+    src.write_text("\n".join(lines) + "\n")
+    good = tmp_path / "good.csv"
+    good.write_text("\n".join(lines[:40]) + "\n")
+    out = tmp_path / "out"
+    res = ncf(good, "--engine", "memory", "--eval-negatives", 2, "--out", out)
+    assert res.exit_code == 0, res.output
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    meta = (out / "meta.json").read_text()
+    res = ncf(src, "--engine", "dask", "--workers", 2, "--out", out, "--overwrite")
+    assert res.exit_code == 1
+    text = res.output.strip()
+    assert text.count("\n") == 0 and "Traceback" not in text, text
+    assert f"{src} line {bad_line}, column 'item': '4.5' is not a whole number" in text, text
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert (out / "meta.json").read_text() == meta
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_killed_worker_is_one_line_and_out_untouched(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import dask
+
+    monkeypatch.setenv("NCF_DASK_TEST_KILL_BUCKET", "1")
+    first = tmp_path / "out"
+    res = ncf("synthetic", "--users", 200, "--items", 60, "--rows", 2000, "--eval-negatives", 5,
+              "--out", first)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    before = json.loads((first / "meta.json").read_text())
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        res = ncf("synthetic", "--users", 200, "--items", 60, "--rows", 2000, "--seed", 1,
+                  "--eval-negatives", 5, "--engine", "dask", "--workers", 2, "--buckets", 3,
+                  "--out", first, "--overwrite")  # fmt: skip
+    assert res.exit_code == 1, res.output
+    text = res.output.strip()
+    assert text.count("\n") == 0 and "Traceback" not in text, text
+    assert "worker died" in text and "--memory-limit" in text, text
+    assert json.loads((first / "meta.json").read_text()) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
