@@ -13,7 +13,7 @@ import types as _types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.6.0"
-_API = ("prepare", "train", "evaluate", "export", "recommend")
+_API = ("prepare", "train", "tune", "evaluate", "export", "recommend")
 
 
 class _Entry:
@@ -71,7 +71,7 @@ class _Package(_types.ModuleType):
 
 
 if TYPE_CHECKING:  # type checkers see the plain, typed functions
-    from ncfcli.api import evaluate, export, prepare, recommend, train
+    from ncfcli.api import evaluate, export, prepare, recommend, train, tune
 else:
     from ncfcli import api as _api
 
@@ -82,7 +82,7 @@ else:
         module = f"{__name__}.{name}"
         return _Entry(func, module) if _importlib_util.find_spec(module) else func
 
-    prepare, train, evaluate, export, recommend = (_entry(name) for name in _API)
+    prepare, train, tune, evaluate, export, recommend = (_entry(name) for name in _API)
     _sys.modules[__name__].__class__ = _Package
 
-__all__ = ["__version__", "prepare", "train", "evaluate", "export", "recommend"]
+__all__ = ["__version__", "prepare", "train", "tune", "evaluate", "export", "recommend"]

@@ -1,6 +1,6 @@
 """The Python API: `python -c "from ncfcli import prepare, train, evaluate, recommend"`.
 
-    from ncfcli import prepare, train, evaluate, export, recommend
+    from ncfcli import prepare, train, tune, evaluate, export, recommend
 
     data = prepare("ml-100k", out="data/ml-100k")         # or a path, or "synthetic"
     run = train(data.path, out="runs/ml100k", epochs=10)    # any `ncf train` option by name
@@ -29,6 +29,7 @@ from ncfcli.export import ExportConfig
 from ncfcli.options import api_signature, from_keywords
 from ncfcli.recommend import RecommendConfig
 from ncfcli.train.config import TrainConfig
+from ncfcli.tune.config import TuneConfig
 
 if TYPE_CHECKING:
     from ncfcli.recommend import AllUsersResult, Recommendations
@@ -119,6 +120,20 @@ def train(
     return run_train(cfg, progress=progress)
 
 
+def tune(data: PathLike | Dataset, out: PathLike | None = None, **options: Any) -> dict[str, Any]:
+    """`ncf tune DATA`: search models and settings on the validation split (budget=seconds or
+    trials=N); returns the report (report.json's content: the trials, the chosen one with its
+    run directory and test figures, the importances) with `tune_dir`."""
+    from ncfcli.data.sources import resolve_prepared
+    from ncfcli.tune.config import TuneConfig
+    from ncfcli.tune.run import tune as run_tune
+
+    path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
+    cfg = from_keywords(TuneConfig, {"out": None if out is None else str(out), **options}, "tune",
+                        data_dir=str(path))  # fmt: skip
+    return run_tune(cfg)
+
+
 def _run_dir(run: Any) -> Path:
     from ncfcli.data.sources import resolve_run
 
@@ -175,6 +190,7 @@ def recommend(
 # Each function's keywords, in its signature and its docstring, are its config's fields.
 api_signature(prepare, PrepareConfig)
 api_signature(train, TrainConfig)
+api_signature(tune, TuneConfig)
 api_signature(evaluate, EvalConfig)
 api_signature(export, ExportConfig)
 api_signature(recommend, RecommendConfig)

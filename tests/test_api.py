@@ -88,7 +88,7 @@ def test_every_api_function_has_its_signature_without_loading_torch() -> None:
         import inspect, sys
         import ncfcli
         from ncfcli import api
-        for name in ("prepare", "train", "evaluate", "export", "recommend"):
+        for name in ("prepare", "train", "tune", "evaluate", "export", "recommend"):
             got = inspect.signature(getattr(ncfcli, name))
             assert got == inspect.signature(getattr(api, name)), (name, got)
             assert getattr(ncfcli, name).__doc__ == getattr(api, name).__doc__, name

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,11 @@ def _importance(optuna: Any, study: Any, params: list[str]) -> dict[str, float]:
 def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) -> dict[str, Any]:
     """The chosen run (tested once), then the report files; returns the report."""
     old = _read(tune_dir / REPORT)
+    states = _optuna().trial.TrialState
+    # Trials that had ended when the best was chosen: only their runs may be removed (another
+    # process sharing the study may be training one right now, or about to report it).
+    ended = {t.number for t in study.get_trials(deepcopy=False)
+             if t.state in (states.COMPLETE, states.PRUNED, states.FAIL)}  # fmt: skip
     best = best_trial(study)
     chosen = old.get("best") if old else None
     if best is not None and (chosen is None or chosen.get("number") != best.number):
@@ -96,7 +102,7 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
     _write_table(tune_dir / TABLE, rows)
     _plot(tune_dir / PLOT, rows)
     record_written(tune_dir, [REPORT, TABLE, PLOT], kind=KIND)
-    _prune_dirs(tune_dir, chosen)
+    _prune_dirs(tune_dir, chosen, ended)
     return report
 
 
@@ -108,12 +114,14 @@ def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
     if not (src / "config.json").is_file():
         raise NcfError(f"the chosen trial's run {src} is missing: run the tune again")
     dest = tune_dir / BEST
-    tmp = tune_dir / f".{BEST}.tmp"
+    tmp = tune_dir / f".{BEST}.tmp-{os.getpid()}"  # another process may be choosing too
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
+    old = tune_dir / f".{BEST}.old-{os.getpid()}"
     if dest.exists():
-        shutil.rmtree(dest)
+        dest.rename(old)
     tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
     record_written(tune_dir, [BEST], kind=KIND)
     test = {}
     for full in (False, True):
@@ -126,13 +134,14 @@ def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
             "run_dir": str(dest)}  # fmt: skip
 
 
-def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None) -> None:
-    """Keep the trials' runs off the disk once the chosen one is copied (TUNE_DIR/best)."""
+def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) -> None:
+    """Keep the ended trials' runs off the disk once the chosen one is copied (TUNE_DIR/best);
+    a trial still running (here or in another process) keeps its run."""
     if chosen is None:
         return
-    trials = tune_dir / TRIALS_DIR
-    for d in trials.iterdir() if trials.is_dir() else []:
-        if d.is_dir() and (d / "config.json").is_file() and d.name != f"{chosen['number']:05d}":
+    for number in ended - {chosen["number"]}:
+        d = tune_dir / TRIALS_DIR / f"{number:05d}"
+        if (d / "config.json").is_file():
             shutil.rmtree(d, ignore_errors=True)
 
 
