@@ -101,7 +101,7 @@ def scoring_batch() -> Any:
     return opt(
         None, SCORING_BATCH_HELP, DEVICES, flags=("--eval-batch",),
         aliases=("--batch-rows", "--valid_batch_size"), api="eval_batch",
-        shown="2^20 on a GPU, 2^16 on a CPU",
+        shown="as many as 256 MB of scores hold (4 GB on a GPU)",
     )  # fmt: skip
 
 
