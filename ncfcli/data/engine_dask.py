@@ -189,7 +189,7 @@ def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block
     from dataclasses import asdict
 
     from ncfcli.data import synthetic
-    from ncfcli.data.prepare import source_name
+    from ncfcli.data.record import source_name
 
     shape = synthetic.resolve_shape(config.preset, config.users, config.items,
                                     config.interactions)  # fmt: skip
@@ -487,7 +487,7 @@ def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any
     """Each bucket split and written by a worker into the temporary dataset folder; the
     client's id maps and meta.json; the folder renamed to --out."""
     from ncfcli.data.dataset import finish_dataset
-    from ncfcli.data.prepare import Counts, _raw, check_out, describe
+    from ncfcli.data.record import Counts, check_out, describe, raw_scalar
     from ncfcli.fsutil import atomic_dir
 
     rules = SplitRules.of(config)
@@ -501,7 +501,7 @@ def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any
         try:
             results = client.gather(done)
         except TooFewCandidates as e:
-            raise NcfError(e.message(_raw(ix.user_ids[e.user]))) from None
+            raise NcfError(e.message(raw_scalar(ix.user_ids[e.user]))) from None
         entries = [entry for entry, _ in results]
         counts = Counts(read[0], read[1], ix.n_dup, ix.dropped, sum(n for _, n in results))
         stats = _worker_stats(client)

@@ -42,7 +42,6 @@ when they fit in 63 bits, which sorts and deduplicates in the same pass.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -53,7 +52,6 @@ import numpy as np
 
 from ncfcli.backend import Backend
 from ncfcli.data.buckets import (
-    MIN_FOR_VALIDATION,
     SplitRules,
     TooFewCandidates,
     bucket_bounds,
@@ -63,64 +61,23 @@ from ncfcli.data.buckets import (
 from ncfcli.data.config import SYNTHETIC, PrepareConfig  # PrepareConfig: imported from here too
 from ncfcli.data.engines import choose_engine
 from ncfcli.data.index import dedup_sorted, dense_codes, take
+from ncfcli.data.record import (  # noqa: F401  (TIE_RULE, ...: read from here too)
+    ID_ORDER,
+    NEGATIVES_RULE,
+    SPLIT_RULES,
+    TIE_RULE,
+    VALIDATION_RULE,
+    Counts,
+    check_out,
+    describe,
+    raw_scalar,
+    resolve_out,
+    source_name,
+)
 from ncfcli.data.split import tie_priority as tie_priority  # imported from here by tests
 from ncfcli.data.xops import host_int, to_host
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_dir
-
-TIE_RULE = (
-    "latest timestamp; items tied at it are ordered by a hash of (user, item, seed), "
-    "the highest wins"
-)
-ID_ORDER = "dense ids follow sorted raw ids (numeric, or by code point for strings)"
-SPLIT_RULES = {
-    "time": "leave-one-out by time: a user's latest interaction is the test item",
-    "random": "leave-one-out at random: a seeded hash of (user, item, seed) picks the test "
-    "item, uniformly among the user's items",
-}
-NEGATIVES_RULE = (
-    "uniform without replacement over items the user never interacted with; counter-based "
-    "draws keyed by (seed, stream, user): the same on every backend"
-)
-VALIDATION_RULE = (
-    f"the split's rule applied again to the rest picks the validation item, for users with "
-    f"at least {MIN_FOR_VALIDATION} items; the others have none"
-)
-
-
-def source_name(config: PrepareConfig) -> str:
-    """A folder-friendly name for the source: dataset name, synthetic shape or file stem."""
-    from ncfcli.data.sources import DATASETS
-
-    if config.source == SYNTHETIC:
-        return f"synthetic-{config.preset}" if config.preset else SYNTHETIC
-    if config.source in DATASETS:
-        return config.source
-    p = Path(config.source)
-    if p.name in ("u.data", "ratings.dat", "ratings.csv", "ratings.parquet"):
-        return p.resolve().parent.name or p.stem
-    return p.stem or "dataset"
-
-
-def resolve_out(config: PrepareConfig) -> Path:
-    from ncfcli.data.sources import default_out
-
-    return Path(config.out) if config.out else default_out(source_name(config), config.cache_dir)
-
-
-def check_out(config: PrepareConfig, out: Path) -> None:
-    """Refuse an output folder that ncf may not replace (see ncfcli.fsutil), before any work.
-
-    Without --out the folder is ncf's own, in its cache: an earlier dataset there (and nothing
-    else) is replaced as a cache entry is, without --overwrite.
-    """
-    from ncfcli.fsutil import check_out_dir
-
-    source = Path(config.source)
-    protect = [source] if config.source != SYNTHETIC and source.exists() else []
-    overwrite = config.overwrite or not config.out
-    check_out_dir(out, "dataset", overwrite=overwrite, protect=protect)
-
 
 # ---- stages ---------------------------------------------------------------------------------
 
@@ -335,7 +292,7 @@ def check_holdout(config: PrepareConfig, test_codes: Any, user_ids: Any, backend
         if host_int(bad.sum(), xp):
             u = host_int(xp.argmax(bad), xp)
             n = host_int(per_user[u], xp)
-            raise NcfError(f"user {_raw(user_ids[u])!r} " + why.format(n=n, f=config.test))
+            raise NcfError(f"user {raw_scalar(user_ids[u])!r} " + why.format(n=n, f=config.test))
 
 
 def _keep_rated(config: PrepareConfig, data: Any, backend: Backend) -> tuple[Any, Any, Any, int]:
@@ -403,7 +360,7 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
                 part = split_bucket(pos.users[rows], pos.items[rows], pos.stamps[rows],
                                     bounds[b], bounds[b + 1], pos.n_items, rules, xp)  # fmt: skip
             except TooFewCandidates as e:
-                raise NcfError(e.message(_raw(pos.user_ids[e.user]))) from None
+                raise NcfError(e.message(raw_scalar(pos.user_ids[e.user]))) from None
             n_no_valid += part.pop("n_no_valid")
             host = {k: backend.to_numpy(v) for k, v in part.items()}
             entries.append(write_bucket(tmp, b, bounds[b], bounds[b + 1], host))
@@ -413,48 +370,3 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
         meta = finish_dataset(tmp, entries, pos.user_ids, pos.item_ids, meta)
     save_titles(out, pos.source, pos.item_ids)  # optional: MovieLens titles for `ncf recommend`
     return meta
-
-
-def _raw(raw_id: Any) -> Any:
-    return raw_id.item() if hasattr(raw_id, "item") else raw_id
-
-
-@dataclass(frozen=True)
-class Counts:
-    """What the filters dropped, for meta.json (every engine counts the same things)."""
-
-    n_raw: int  # rows read
-    n_low_rating: int  # rows below --min-rating
-    n_duplicates: int  # rows that repeated a (user, item) pair
-    dropped: int  # users with fewer than --min-interactions items
-    n_no_valid: int  # users too small for a validation item
-
-
-def describe(config: PrepareConfig, backend: Backend, source: dict[str, Any],
-             counts: Counts) -> dict[str, Any]:  # fmt: skip
-    """meta.json's descriptive keys, for every engine (finish_dataset adds the format, counts,
-    checksums, buckets and fingerprint)."""
-    from ncfcli import __version__
-
-    return {
-        "n_users_without_validation": counts.n_no_valid,
-        "split": config.split,
-        "split_rule": SPLIT_RULES[config.split],
-        "validation_rule": VALIDATION_RULE if config.validation else None,
-        "validation": config.validation,
-        "train_age": config.split == "time",
-        "eval_negatives": config.eval_negatives,
-        "seed": config.seed,
-        "source": source,
-        "options": config.options(),
-        "backend": backend.name,
-        "dropped_users": counts.dropped,
-        "n_raw_rows": counts.n_raw,
-        "n_below_min_rating": counts.n_low_rating,
-        "n_duplicates": counts.n_duplicates,
-        "tie_rule": TIE_RULE,
-        "id_order": ID_ORDER,
-        "negatives": NEGATIVES_RULE,
-        "ncfcli_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
