@@ -44,6 +44,11 @@ def si(x: float) -> str:
     return f"{x:.0f}"
 
 
+def memory_size(n: float) -> str:
+    """Bytes as a memory figure: 3.1 GiB, or 250 MiB under 1 GiB."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 class RateColumn(ProgressColumn):
     """Samples per second of a task, from Rich's own speed estimate."""
 

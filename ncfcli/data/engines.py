@@ -80,12 +80,10 @@ def estimate_bytes(rows: int) -> int:
     return rows * BYTES_PER_ROW
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
     """(engine, why): --engine as given, or auto's pick by the estimated peak and free memory."""
+    from ncfcli.ui import memory_size
+
     if config.engine != "auto":
         return config.engine, f"--engine {config.engine}"
     if config.scheduler is not None:
@@ -96,5 +94,8 @@ def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
     if free is None:
         return "memory", f"auto: the free {where} cannot be told, so the memory engine"
     if need <= SHARE * free:
-        return "memory", f"auto: needs ~{_gib(need)}, {_gib(free)} {where} free"
-    return "dask", f"auto: needs ~{_gib(need)}, over {SHARE:.0%} of {_gib(free)} {where} free"
+        return "memory", f"auto: needs ~{memory_size(need)}, {memory_size(free)} {where} free"
+    return (
+        "dask",
+        f"auto: needs ~{memory_size(need)}, over {SHARE:.0%} of {memory_size(free)} {where} free",
+    )

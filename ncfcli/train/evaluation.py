@@ -89,10 +89,3 @@ def score_split(
 ) -> dict[str, float]:
     """HR@10 and NDCG@10 of one held-out split (this rank's users, summed over ranks)."""
     return _evaluate(model, sets[split], env, max_rows)
-
-
-def evaluate_splits(
-    model: torch.nn.Module, sets: dict[str, tuple[Any, ...]], env: DistEnv, max_rows: int
-) -> dict[str, dict[str, float]]:
-    """{split: its HR@10 and NDCG@10} for every held-out split (validation, test)."""
-    return {split: _evaluate(model, held, env, max_rows) for split, held in sets.items()}

@@ -88,13 +88,11 @@ def free_bytes(backend: Backend) -> int | None:
     return free // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
 
 
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backend) -> Layout:
     """The layout for this run; with `auto`, every rank takes the same decision (users when the
     plan is over SHARE of the free memory on any rank)."""
+    from ncfcli.ui import memory_size
+
     world = env.world_size
     if world == 1:
         why = "one process holds every bucket" if cfg.shard != "none" else "--shard none"
@@ -113,10 +111,12 @@ def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backen
         known = [v[1] for v in votes if v[1] >= 0]
         where = "GPU" if backend.is_cuda else "RAM"
         if not any(v[0] for v in votes):
-            tail = f", {_gib(min(known))} {where} free" if known else ", free memory unknown"
-            return Layout("none", f"auto: the whole training set needs ~{_gib(need)} a rank{tail}")
-        why = (f"auto: the whole training set needs ~{_gib(need)} a rank, over {SHARE:.0%} of "
-               f"{_gib(min(known))} {where} free")  # fmt: skip
+            tail = f", {memory_size(min(known))} {where} free" if known else ", free memory unknown"
+            return Layout(
+                "none", f"auto: the whole training set needs ~{memory_size(need)} a rank{tail}"
+            )
+        why = (f"auto: the whole training set needs ~{memory_size(need)} a rank, over {SHARE:.0%} of "
+               f"{memory_size(min(known))} {where} free")  # fmt: skip
     else:
         why = "--shard users"
     entries = meta["buckets"]

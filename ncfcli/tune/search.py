@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import socket
@@ -248,6 +247,6 @@ def _spawn(cfg: TuneConfig, tune_dir: Path, deadline: float | None, gpus: int) -
                 p.terminate()
                 p.join()
     failed = [p.exitcode for p in procs if p.exitcode not in (0, None)]
-    if failed and not math.isnan(float(failed[0])):
+    if failed:
         raise NcfError(f"{len(failed)} of {cfg.jobs} tune workers failed (exit code {failed[0]}); "
                        "the study keeps every trial that ended: run the same command to resume")  # fmt: skip
