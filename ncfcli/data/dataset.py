@@ -399,7 +399,7 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {name: getattr(data, name) for name in _names(data.meta)}
 
 
-class _Digest:
+class ArrayDigest:
     """sha256 of each array, fed bucket by bucket in order (so the digest does not depend on
     how the users were cut into buckets), combined with the arrays' names, dtypes and shapes."""
 
@@ -428,41 +428,49 @@ class _Digest:
 
 def array_digest(arrays: dict[str, np.ndarray]) -> str:
     """The dataset digest (meta.json's array_sha256) of whole arrays, as if in one bucket."""
-    d = _Digest()
+    d = ArrayDigest()
     d.add(arrays)
     return d.hexdigest()
 
 
 def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
-                 arrays: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+                 arrays: dict[str, Any], digest: ArrayDigest | None = None) -> dict[str, Any]:  # fmt: skip
     """Write bucket `index` (users lo <= u < hi) into `folder`, a dataset being written (any
     engine's worker may call it); returns its entry for meta.json's `buckets`.
 
-    `arrays`: host arrays named as in ARRAYS, VALID_ARRAYS and AGE_ARRAY, this bucket's rows."""
+    `arrays`: host arrays named as in ARRAYS, VALID_ARRAYS and AGE_ARRAY, this bucket's rows.
+    `digest`: fed with what is written, when the buckets are written in order in one process
+    (finish_dataset then need not read them back)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder = Path(folder)
     part = part_name(index)
-    columns = {col: pa.array(np.ascontiguousarray(arrays[name], dtype=np.int32))
-               for name, col in TRAIN_COLUMNS.items() if name in arrays}  # fmt: skip
+    written = {name: np.ascontiguousarray(arrays[name], dtype=np.int32)
+               for name in (*TRAIN_COLUMNS, *HELDOUT) if name in arrays}  # fmt: skip
+    columns = {col: pa.array(written[name]) for name, col in TRAIN_COLUMNS.items()
+               if name in written}  # fmt: skip
     (folder / TRAIN_DIR).mkdir(exist_ok=True)
     pq.write_table(pa.table(columns), folder / TRAIN_DIR / f"{part}.parquet")
     held = folder / HELDOUT_DIR / part
     held.mkdir(parents=True, exist_ok=True)
     for name in HELDOUT:
-        if name in arrays:
-            np.save(held / f"{name}.npy", np.ascontiguousarray(arrays[name], dtype=np.int32),
-                    allow_pickle=False)  # fmt: skip
+        if name in written:
+            np.save(held / f"{name}.npy", written[name], allow_pickle=False)
+    if digest is not None:
+        digest.add(written)
     n_valid = int(len(arrays["valid_users"])) if "valid_users" in arrays else 0
     return {"users": [int(lo), int(hi)], "n_train": int(len(arrays["train_users"])),
             "n_valid": n_valid}  # fmt: skip
 
 
 def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], user_ids: Any,
-                   item_ids: Any, meta: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+                   item_ids: Any, meta: dict[str, Any],
+                   digest: ArrayDigest | None = None) -> dict[str, Any]:  # fmt: skip
     """Complete a dataset whose buckets are written in `folder`: the id maps, then meta.json
-    with the format, bucket list, counts, digest (read back bucket by bucket) and fingerprint.
+    with the format, bucket list, counts, digest and fingerprint. The digest is `digest` when
+    write_bucket fed it every bucket in order, else read back bucket by bucket (the buckets
+    were written elsewhere: Dask workers).
 
     `user_ids`/`item_ids` are 1-D host sequences (NumPy, pandas or pyarrow) of raw ids in
     dense-id order; `meta` holds the descriptive keys and "validation" / "train_age"."""
@@ -482,9 +490,10 @@ def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], use
     meta["n_users"] = int(len(user_ids))
     meta["n_items"] = int(len(item_ids))
     meta["n_test"] = meta["n_users"]
-    digest = _Digest()
-    for index in range(len(buckets)):
-        digest.add(read_bucket(folder, meta, index))
+    if digest is None:
+        digest = ArrayDigest()
+        for index in range(len(buckets)):
+            digest.add(read_bucket(folder, meta, index))
     meta["array_sha256"] = digest.hexdigest()
     meta["fingerprint"] = fingerprint(meta)
     for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
@@ -527,6 +536,7 @@ def write_prepared(
     train_cut = np.searchsorted(arrays["train_users"], bounds)
     valid_cut = np.searchsorted(arrays["valid_users"], bounds) if given else None
     meta = {**meta, "validation": bool(given), "train_age": "train_age" in arrays}
+    digest = ArrayDigest()
     with atomic_dir(out, "dataset") as tmp:
         entries = []
         for b in range(n_buckets):
@@ -538,8 +548,8 @@ def write_prepared(
             if valid_cut is not None:
                 for name in VALID_ARRAYS:
                     part[name] = arrays[name][valid_cut[b] : valid_cut[b + 1]]
-            entries.append(write_bucket(tmp, b, lo, hi, part))
-        meta = finish_dataset(tmp, entries, user_ids, item_ids, meta)
+            entries.append(write_bucket(tmp, b, lo, hi, part, digest))
+        meta = finish_dataset(tmp, entries, user_ids, item_ids, meta, digest)
     return meta
 
 

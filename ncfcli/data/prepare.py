@@ -343,7 +343,7 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
                      pos: _Positives) -> dict[str, Any]:  # fmt: skip
     """Split each bucket of users (buckets.split_bucket, what every engine runs), write it, then
     the id maps and meta.json: the dataset directory, atomically. Drops pos's arrays."""
-    from ncfcli.data.dataset import finish_dataset, write_bucket
+    from ncfcli.data.dataset import ArrayDigest, finish_dataset, write_bucket
     from ncfcli.data.sources import save_titles
 
     xp = backend.xp
@@ -351,6 +351,7 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
     bounds = pos.bounds or [0, pos.n_users]
     cuts = to_host(xp.searchsorted(pos.users, xp.asarray(bounds)), xp).tolist()
     entries = []
+    digest = ArrayDigest()  # fed as each bucket is written: no read-back
     n_no_valid = 0
     check_out(config, out)  # again: the folder may have changed while we worked
     with atomic_dir(out, "dataset") as tmp:
@@ -363,10 +364,10 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
                 raise NcfError(e.message(raw_scalar(pos.user_ids[e.user]))) from None
             n_no_valid += part.pop("n_no_valid")
             host = {k: backend.to_numpy(v) for k, v in part.items()}
-            entries.append(write_bucket(tmp, b, bounds[b], bounds[b + 1], host))
+            entries.append(write_bucket(tmp, b, bounds[b], bounds[b + 1], host, digest))
         pos.users = pos.items = pos.stamps = None
         counts = Counts(pos.n_raw, pos.n_low_rating, pos.n_duplicates, pos.dropped, n_no_valid)
         meta = describe(config, backend, pos.source, counts)
-        meta = finish_dataset(tmp, entries, pos.user_ids, pos.item_ids, meta)
+        meta = finish_dataset(tmp, entries, pos.user_ids, pos.item_ids, meta, digest)
     save_titles(out, pos.source, pos.item_ids)  # optional: MovieLens titles for `ncf recommend`
     return meta
