@@ -93,6 +93,7 @@ def opt(
     return dataclasses.field(default=default, metadata=meta)
 
 
+DEVICE_HELP = "auto (GPU when CuPy sees one), cpu or cuda."
 SCORING_BATCH_HELP = "(user, item) pairs scored at once, the memory budget of scoring."
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import typer
 
 from ncfcli.errors import NcfError, is_device_oom
-from ncfcli.options import DEVICES, OUTPUT
+from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
 
 
 def _bare_flags(params: list[Any]) -> list[Any]:
@@ -130,7 +130,7 @@ class NcfCommand(typer.core.TyperCommand):
 
 def device_option() -> Any:
     return typer.Option(
-        "auto", "--device", help="auto (GPU when CuPy sees one), cpu or cuda.",
+        "auto", "--device", help=DEVICE_HELP,
         envvar="NCF_DEVICE", rich_help_panel=DEVICES,
     )  # fmt: skip
 

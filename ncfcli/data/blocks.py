@@ -49,7 +49,7 @@ class Block:
     start: int
     end: int = 0
     first_row: int = 0
-    layout: Any = None  # raw._Layout of the file, sniffed once on the client
+    layout: Any = None  # raw.FileLayout of the file, sniffed once on the client
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Part:
     n_low: int
     kinds: dict[str, str] = field(default_factory=dict)  # role -> "int" | "str"
     time_kind: str = "int"  # "int", "epoch", "iso" or "float"
-    digits: int = 0  # fraction digits of the times as read (values._scaled)
+    digits: int = 0  # fraction digits of the times as read (values.scaled_times)
     top: float = float("-inf")  # the highest rating (for --min-rating's message)
 
 
@@ -86,7 +86,7 @@ def _header_names(path: Path, layout: Any) -> tuple[str, ...]:
         return tuple(layout.names)
     if layout.bom_header:
         return tuple(layout.bom_header)
-    first = raw._sniff_text(path)[0]
+    first = raw.sniff_text(path)[0]
     return tuple(c.strip().strip('"') for c in first.split(layout.sep))
 
 
@@ -101,7 +101,7 @@ def text_blocks(path: Path, layout: Any, size: int) -> list[Block]:
                 if not line or line.strip(b"\r\n\t "):
                     break
             start = f.tell()
-        elif f.read(3) == raw._BOM.encode():
+        elif f.read(3) == raw.BOM.encode():
             start = 3
         cuts = [start]
         while cuts[-1] < total:
@@ -117,7 +117,7 @@ def text_blocks(path: Path, layout: Any, size: int) -> list[Block]:
 
 def _block_locator(path: Path, start: int) -> Any:
     """row of a block -> "line N" of the whole file; counts lines only when a message needs it."""
-    return raw._line_locator(path, header=False, start=start)
+    return raw.line_locator(path, header=False, start=start)
 
 
 def _read_text_block(block: Block, wanted: list[str]) -> dict[str, Any]:
@@ -139,9 +139,9 @@ def _read_parquet_block(block: Block, wanted: list[str]) -> dict[str, Any]:
 
 
 def _fraction_digits(text: Any, kind: str) -> int:
-    """The longest fraction of a text time column, as values._scaled measures it."""
+    """The longest fraction of a text time column, as values.scaled_times measures it."""
     if kind == "epoch":
-        fraction = values._number_parts(text)[1]
+        fraction = values.number_parts(text)[1]
     else:
         fraction = text.str.replace("^[^.]*[.]?", "", regex=True).str.replace(
             "[^0-9].*$", "", regex=True
@@ -153,27 +153,27 @@ def _times(col: Any, origin: values.Origin, backend: Backend,
            force: str | None) -> tuple[np.ndarray, str, int]:  # fmt: skip
     """(int64 times in the file's order, their kind, fraction digits) of one block's column."""
     xp = backend.xp
-    col = values._plain(col)
-    if not values._is_text(col):
+    col = values.plain_values(col)
+    if not values.is_text(col):
         if col.dtype.kind == "f":  # ranked in one process; here an order-keeping int64 view
-            values._no_nulls(col, origin, backend)
+            values.check_no_nulls(col, origin, backend)
             v = np.asarray(col, dtype=np.float64)
-            row = values._first(~np.isfinite(v), np)
+            row = values.first_true(~np.isfinite(v), np)
             if row is not None:
-                raise origin.error(row, f"{values._cell(col, row)} is not a finite time")
+                raise origin.error(row, f"{values.cell_repr(col, row)} is not a finite time")
             bits = (v + 0.0).view(np.int64)  # + 0.0: -0.0 and 0.0 are one time
             return np.where(bits < 0, bits ^ _INT64_MAX, bits), "float", 0
         return values.time_values(col, origin, backend), "int", 0
-    text, _ = values._text(col, origin, backend)
+    text, _ = values.stripped_text(col, origin, backend)
     kind = force or ("epoch" if bool(text.str.contains(values.NUMBER).iloc[0]) else "iso")
     if kind == "epoch":
-        number = values._array(text.str.contains(values.NUMBER), backend)
-        row = values._first(~number, xp)
+        number = values.as_array(text.str.contains(values.NUMBER), backend)
+        row = values.first_true(~number, xp)
         if row is not None:
-            raise origin.error(row, f"cannot read {values._cell(text, row)} as a time like the "
+            raise origin.error(row, f"cannot read {values.cell_repr(text, row)} as a time like the "
                                     f"column's first value ({values.TIME_FORMS})")  # fmt: skip
-        return values._epoch(text, origin, backend), kind, _fraction_digits(text, kind)
-    return values._iso(text, origin, backend), kind, _fraction_digits(text, kind)
+        return values.epoch_times(text, origin, backend), kind, _fraction_digits(text, kind)
+    return values.iso_times(text, origin, backend), kind, _fraction_digits(text, kind)
 
 
 def first_time_kind(blocks: list[Block], roles: dict[str, str | None]) -> str | None:
@@ -222,10 +222,10 @@ def read_block(block: Block, spec: ReadSpec) -> Part:
         origin = values.Origin(path, name, locate)
         col = columns.pop(name)
         if role in spec.text_ids:
-            if not values._is_text(values._plain(col)):
+            if not values.is_text(values.plain_values(col)):
                 raise NcfError(f"{path}: its {role} ids are numbers where other blocks' are "
                                "text; give every file the same kind of ids")  # fmt: skip
-            ids[role] = values.to_arrow_strings(values._text(col, origin, backend)[0])
+            ids[role] = values.to_arrow_strings(values.stripped_text(col, origin, backend)[0])
         else:
             ids[role] = values.id_values(col, origin, backend)
         part.kinds[role] = "int" if isinstance(ids[role], np.ndarray) else "str"

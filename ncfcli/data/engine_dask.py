@@ -70,7 +70,7 @@ def cut_buckets(part: Part, user_ids: Any, item_ids: Any, n_buckets: int,
     users = codes(part.user, user_ids)
     items = codes(part.item, item_ids).astype(np.int32)
     ts = part.ts
-    if scale != 1:  # a shorter fraction than the column's longest: as values._scaled scales
+    if scale != 1:  # a shorter fraction than the column's longest: as values.scaled_times scales
         if len(ts) and int(np.abs(ts).max()) > _INT64_MAX // scale:
             raise NcfError("a time does not fit 64 bits at the column's longest fraction")
         ts = ts * scale
@@ -159,7 +159,7 @@ def _source_and_blocks(config: PrepareConfig, backend: Backend, scratch: Path,
     blocks: list[Block] = []
     layouts = []
     for f in files:
-        layout = raw._layout(f, cols, config.split == "time")
+        layout = raw.layout_of(f, cols, config.split == "time")
         layouts.append(layout)
         if layout.fmt == "parquet":
             import pyarrow.parquet as pq

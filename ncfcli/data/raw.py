@@ -60,7 +60,7 @@ ROLE_FLAGS = {"user": "--user-col", "item": "--item-col", "time": "--time-col",
               "rating": "--rating-col"}  # fmt: skip
 _SNIFF_BYTES = 1 << 16
 _PARSE_SEP = "\x1f"  # stands in for a multi-character separator; never found in text data
-_BOM = "\ufeff"  # the UTF-8 byte-order mark, as text
+BOM = "\ufeff"  # the UTF-8 byte-order mark, as text
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class RawInteractions:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class FileLayout:
     """How to parse one table file."""
 
     fmt: str  # "csv" or "parquet"
@@ -106,7 +106,7 @@ class _Layout:
 # ---- sniffing a table file -----------------------------------------------------------------
 
 
-def _sniff_text(path: Path) -> list[str]:
+def sniff_text(path: Path) -> list[str]:
     """The first lines of a text table, or a one-line error for empty or binary files."""
     size = path.stat().st_size
     if size == 0:
@@ -130,7 +130,7 @@ def _sniff_text(path: Path) -> list[str]:
         ) from None
     # A UTF-8 byte-order mark (Excel's "CSV UTF-8") is not part of the first column's name or
     # value; both readers skip it in the data (PyArrow always, cuDF since 23.08).
-    text = text.removeprefix(_BOM)
+    text = text.removeprefix(BOM)
     lines = [ln.rstrip("\r") for ln in text.split("\n") if ln.strip()]
     if not lines:
         raise NcfError(f"{path} is empty (only blank lines)")
@@ -223,7 +223,7 @@ def _sample_types(lines: list[str], header: bool, sep: str, names: list[str] | t
     return types
 
 
-def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
+def layout_of(path: Path, cols: Columns, need_time: bool = True) -> FileLayout:
     """How to read `path`, decided from its name, its first lines and the column flags."""
     with open(path, "rb") as f:
         magic = f.read(4)
@@ -235,9 +235,9 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
         except Exception as e:  # pyarrow raises several types for a corrupt footer
             raise NcfError(f"{path} is not a readable Parquet file: {e}") from None
         roles = _resolve_roles(cols, schema_names, path, need_time)
-        return _Layout("parquet", roles=roles, label="parquet")
+        return FileLayout("parquet", roles=roles, label="parquet")
 
-    lines = _sniff_text(path)
+    lines = sniff_text(path)
     positional = [c for c in (cols.user, cols.item, cols.time, cols.rating) if c is not None]
     if positional and all(c.isdigit() for c in positional):
         sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
@@ -256,14 +256,14 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
                 f"(the file has no header; it has {n_cols} columns)"
             )
         types = _sample_types(lines, False, sep, names, roles, {})
-        return _Layout("csv", sep, False, names, roles, types, label="csv (no header)")
+        return FileLayout("csv", sep, False, names, roles, types, label="csv (no header)")
 
     custom = any(c is not None for c in (cols.user, cols.item, cols.time, cols.rating, cols.sep))
     if path.name in ("u.data", "ratings.dat") and not custom:
         sep = "\t" if path.name == "u.data" else "::"
         roles = {"user": "user", "item": "item", "time": "timestamp", "rating": "rating"}
         types = _sample_types(lines, False, sep, _ML_COLUMNS, roles, _ML_TYPES)
-        return _Layout("csv", sep, False, tuple(_ML_COLUMNS), roles, types, label=path.name)
+        return FileLayout("csv", sep, False, tuple(_ML_COLUMNS), roles, types, label=path.name)
 
     sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
     first = lines[0].split(sep)
@@ -278,15 +278,15 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
         roles = {"user": "user", "item": "item", "time": "timestamp",
                  "rating": "rating" if len(first) == 4 else None}  # fmt: skip
         types = _sample_types(lines, False, sep, names, roles, {})
-        return _Layout("csv", sep, False, names, roles, types, label="csv (no header)")
+        return FileLayout("csv", sep, False, names, roles, types, label="csv (no header)")
     header = [c.strip().strip('"') for c in first]
     roles = _resolve_roles(cols, header, path, need_time)
     ml20m = header == _ML20M_HEADER
     # MovieLens 20M/25M: int32 ids parse faster; any other values take the text read instead
     preset = {"userId": "int32", "movieId": "int32"} if ml20m else {}
     types = _sample_types(lines, True, sep, header, roles, preset)
-    bom = tuple(header) if magic.startswith(_BOM.encode()) else None
-    return _Layout("csv", sep, True, None, roles, types, "ratings.csv" if ml20m else "csv", bom)
+    bom = tuple(header) if magic.startswith(BOM.encode()) else None
+    return FileLayout("csv", sep, True, None, roles, types, "ratings.csv" if ml20m else "csv", bom)
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -300,7 +300,7 @@ def _layout(path: Path, cols: Columns, need_time: bool = True) -> _Layout:
 # the GPU, as soon as one value or an empty cell does not fit.
 
 
-def _line_locator(path: Path, header: bool, start: int = 0) -> Any:
+def line_locator(path: Path, header: bool, start: int = 0) -> Any:
     """row -> "line N" of a text table, counting the lines every reader skips (blank ones);
     with `start`, rows count from that byte (a block of the Dask engine, whole lines), and N is
     still the line of the whole file.
@@ -332,7 +332,7 @@ def _line_of_text(path: Path, text: str) -> str:
     return "a line"
 
 
-def _read_csv_cpu(path: Path, layout: _Layout, wanted: list[str], typed: dict[str, str],
+def _read_csv_cpu(path: Path, layout: FileLayout, wanted: list[str], typed: dict[str, str],
                   block: bytes | None = None) -> dict[str, Any] | None:  # fmt: skip
     """One pandas Series per column; None when a `typed` column met a value its type cannot hold.
 
@@ -423,7 +423,7 @@ def _gpu_reader(backend: Backend) -> Any:
     return read_table_gpu if backend.frame_library == "cudf" else None
 
 
-def _read_gpu(reader: Any, path: Path, layout: _Layout, wanted: list[str]) -> dict[str, Any]:
+def _read_gpu(reader: Any, path: Path, layout: FileLayout, wanted: list[str]) -> dict[str, Any]:
     """One cuDF Series per column: Parquet as typed, CSV as text (see the note above)."""
     if layout.fmt == "parquet":
         kwargs: dict[str, Any] = {"columns": wanted}
@@ -448,7 +448,7 @@ def _read_gpu(reader: Any, path: Path, layout: _Layout, wanted: list[str]) -> di
     return {w: frame[w] for w in wanted}
 
 
-def _read_columns(path: Path, layout: _Layout, wanted: list[str], backend: Backend) -> dict:
+def _read_columns(path: Path, layout: FileLayout, wanted: list[str], backend: Backend) -> dict:
     reader = _gpu_reader(backend)
     if reader is not None and not (layout.fmt == "csv" and len(layout.sep) > 1):
         return _read_gpu(reader, path, layout, wanted)
@@ -464,7 +464,7 @@ def _read_columns(path: Path, layout: _Layout, wanted: list[str], backend: Backe
     return columns
 
 
-def read_csv_block(path: Path, layout: _Layout, wanted: list[str],
+def read_csv_block(path: Path, layout: FileLayout, wanted: list[str],
                    block: bytes) -> dict[str, Any]:  # fmt: skip
     """The CPU read of `block`, whole lines of the text table `path` read with `layout` (the
     Dask engine's blocks, parsed by the code that reads a whole file): one Series a column."""
@@ -483,7 +483,7 @@ def read_table_file(
 
     With `need_time` False (`--split random`) no time column is read, even where one exists,
     and every timestamp is 0."""
-    layout = _layout(path, cols, need_time)
+    layout = layout_of(path, cols, need_time)
     roles = dict(layout.roles)
     if not need_time:
         roles["time"] = None
@@ -498,7 +498,7 @@ def read_table_file(
     if not len(columns[wanted[0]]):
         what = "has a header row but no data rows" if layout.header else "has no data rows"
         raise NcfError(f"{path} {what}")
-    locate = None if layout.fmt == "parquet" else _line_locator(path, layout.header)
+    locate = None if layout.fmt == "parquet" else line_locator(path, layout.header)
 
     def parse(role: str, convert: Any) -> Any:
         name = roles[role]

@@ -69,46 +69,48 @@ class Origin:
 # ---- small shared steps --------------------------------------------------------------------
 
 
-def _array(series: Any, backend: Backend) -> Any:
+def as_array(series: Any, backend: Backend) -> Any:
     """A numeric or boolean Series without nulls as a backend array."""
     return frame_column_to_array(backend, series)
 
 
-def _first(mask: Any, xp: Any) -> int | None:
+def first_true(mask: Any, xp: Any) -> int | None:
     """The index of the first True, or None (one device-to-host transfer on a GPU)."""
     hits = xp.flatnonzero(mask)
     return int(hits[0]) if len(hits) else None
 
 
-def _cell(series: Any, row: int) -> str:
+def cell_repr(series: Any, row: int) -> str:
     return repr(str(series.iloc[row]))
 
 
-def _plain(col: Any) -> Any:
+def plain_values(col: Any) -> Any:
     """Categorical (dictionary-encoded) columns as their values; the rest unchanged."""
     if getattr(col.dtype, "name", "") == "category":
         return col.astype(col.dtype.categories.dtype)
     return col
 
 
-def _is_text(col: Any) -> bool:
+def is_text(col: Any) -> bool:
     kind = getattr(col.dtype, "kind", "O")
     return kind in "OSU" or str(col.dtype) in ("str", "string")
 
 
-def _text(col: Any, origin: Origin, backend: Backend, empty_ok: bool = False) -> tuple[Any, Any]:
+def stripped_text(
+    col: Any, origin: Origin, backend: Backend, empty_ok: bool = False
+) -> tuple[Any, Any]:
     """(stripped text with "" for empty cells, backend mask of the empty ones)."""
     text = col.fillna("").str.strip()
-    empty = _array(text == "", backend)
+    empty = as_array(text == "", backend)
     if not empty_ok:
-        row = _first(empty, backend.xp)
+        row = first_true(empty, backend.xp)
         if row is not None:
             raise origin.error(row, "empty cell; every row needs a user, an item and a time")
     return text, empty
 
 
-def _no_nulls(col: Any, origin: Origin, backend: Backend) -> None:
-    row = _first(_array(col.isna(), backend), backend.xp)
+def check_no_nulls(col: Any, origin: Origin, backend: Backend) -> None:
+    row = first_true(as_array(col.isna(), backend), backend.xp)
     if row is not None:
         raise origin.error(row, "empty cell; every row needs a user, an item and a time")
 
@@ -120,20 +122,20 @@ def _magnitude(digits: Any, backend: Backend) -> tuple[Any, Any]:
     intermediate value overflows on either library.
     """
     xp = backend.xp
-    n = _array(digits.str.len(), backend)
+    n = as_array(digits.str.len(), backend)
     if int(n.max()) <= 18:
-        value = _array(digits.astype("int64"), backend)
+        value = as_array(digits.astype("int64"), backend)
         return value, xp.ones(len(value), dtype=bool)
     padded = digits.str.pad(19, side="left", fillchar="0")
-    hi = _array(padded.str.slice(0, 10).astype("int64"), backend)
-    lo = _array(padded.str.slice(10, 19).astype("int64"), backend)
+    hi = as_array(padded.str.slice(0, 10).astype("int64"), backend)
+    lo = as_array(padded.str.slice(10, 19).astype("int64"), backend)
     top_hi, top_lo = divmod(INT64_MAX, 10**9)
     fits = (n <= 19) & ((hi < top_hi) | ((hi == top_hi) & (lo <= top_lo)))
     value = xp.where(fits, hi, 0) * 10**9 + xp.where(fits, lo, 0)
     return value.astype(xp.int64), fits
 
 
-def _number_parts(text: Any) -> tuple[Any, Any]:
+def number_parts(text: Any) -> tuple[Any, Any]:
     """(integer digits, fraction digits) of text that matches NUMBER."""
     unsigned = text.str.replace("^[+-]", "", regex=True)
     digits = unsigned.str.replace("[.].*$", "", regex=True)
@@ -143,7 +145,7 @@ def _number_parts(text: Any) -> tuple[Any, Any]:
 
 def _signed(value: Any, text: Any, backend: Backend) -> Any:
     """value negated where the text starts with a minus sign."""
-    negative = _array(text.str.slice(0, 1) == "-", backend)
+    negative = as_array(text.str.slice(0, 1) == "-", backend)
     return backend.xp.where(negative, -value, value)
 
 
@@ -163,28 +165,28 @@ def to_arrow_strings(col: Any) -> Any:
 def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
     """Raw ids: an int32/int64 backend array, or a host pyarrow large_string array."""
     xp = backend.xp
-    col = _plain(col)
-    if not _is_text(col):
-        _no_nulls(col, origin, backend)
+    col = plain_values(col)
+    if not is_text(col):
+        check_no_nulls(col, origin, backend)
         kind = col.dtype.kind
         if kind in "iu":
-            arr = _array(col, backend)
+            arr = as_array(col, backend)
             return arr if arr.dtype in (xp.int32, xp.int64) else arr.astype(xp.int64)
         if kind == "f":
-            arr = _array(col, backend)
+            arr = as_array(col, backend)
             bad = ~xp.isfinite(arr) | (arr != xp.floor(arr)) | (xp.abs(arr) >= 2.0**63)
-            row = _first(bad, xp)
+            row = first_true(bad, xp)
             if row is not None:
-                raise origin.error(row, f"{_cell(col, row)} is not a whole number; numeric ids "
+                raise origin.error(row, f"{cell_repr(col, row)} is not a whole number; numeric ids "
                                         "must be integers (or the column strings)")  # fmt: skip
             return arr.astype(xp.int64)
         raise origin.error(0, f"has type {col.dtype}; ids must be integers or strings")
-    text, _ = _text(col, origin, backend)
-    if bool(_array(text.str.contains(NUMBER), backend).all()):
-        digits, fraction = _number_parts(text)
-        row = _first(_array(fraction.str.contains("[1-9]"), backend), xp)
+    text, _ = stripped_text(col, origin, backend)
+    if bool(as_array(text.str.contains(NUMBER), backend).all()):
+        digits, fraction = number_parts(text)
+        row = first_true(as_array(fraction.str.contains("[1-9]"), backend), xp)
         if row is not None:
-            raise origin.error(row, f"{_cell(text, row)} is not a whole number; numeric ids "
+            raise origin.error(row, f"{cell_repr(text, row)} is not a whole number; numeric ids "
                                     "must be integers (or the column strings)")  # fmt: skip
         value, fits = _magnitude(digits, backend)
         if bool(fits.all()):
@@ -206,46 +208,48 @@ def _days_from_civil(y: Any, m: Any, d: Any, xp: Any) -> Any:
     return era * 146097 + doe - 719468
 
 
-def _scaled(seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origin,
+def scaled_times(seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origin,
             backend: Backend) -> Any:  # fmt: skip
     """seconds * 10**d + fraction digits, d the column's longest fraction; exact in int64."""
     xp = backend.xp
     d = int(fraction.str.len().max()) if len(fraction) else 0
     if d > 18:
-        row = _first(_array(fraction.str.len() > 18, backend), xp)
-        raise origin.error(row or 0, f"{_cell(text, row or 0)} has more than 18 fraction digits")
+        row = first_true(as_array(fraction.str.len() > 18, backend), xp)
+        raise origin.error(
+            row or 0, f"{cell_repr(text, row or 0)} has more than 18 fraction digits"
+        )
     scale = 10**d
     limit = (INT64_MAX - (scale - 1)) // scale
     bad = bad | (xp.abs(seconds) > limit)
-    row = _first(bad, xp)
+    row = first_true(bad, xp)
     if row is not None:
-        raise origin.error(row, f"cannot read {_cell(text, row)} as a time ({TIME_FORMS}; "
+        raise origin.error(row, f"cannot read {cell_repr(text, row)} as a time ({TIME_FORMS}; "
                                 "64-bit range)")  # fmt: skip
     if not d:
         return seconds
-    frac = _array(fraction.str.pad(d, side="right", fillchar="0").astype("int64"), backend)
+    frac = as_array(fraction.str.pad(d, side="right", fillchar="0").astype("int64"), backend)
     return seconds * scale + frac  # a fraction always counts forward, also before 1970
 
 
-def _epoch(text: Any, origin: Origin, backend: Backend) -> Any:
-    digits, fraction = _number_parts(text)
+def epoch_times(text: Any, origin: Origin, backend: Backend) -> Any:
+    digits, fraction = number_parts(text)
     magnitude, fits = _magnitude(digits, backend)
-    stamp = _scaled(magnitude, fraction, ~fits, text, origin, backend)
+    stamp = scaled_times(magnitude, fraction, ~fits, text, origin, backend)
     return _signed(stamp, text, backend)  # the sign covers the fraction: -0.5 < 0
 
 
-def _iso(text: Any, origin: Origin, backend: Backend) -> Any:
+def iso_times(text: Any, origin: Origin, backend: Backend) -> Any:
     xp = backend.xp
-    row = _first(~_array(text.str.contains(ISO_8601), backend), xp)
+    row = first_true(~as_array(text.str.contains(ISO_8601), backend), xp)
     if row is not None:
-        raise origin.error(row, f"cannot read {_cell(text, row)} as a time ({TIME_FORMS})")
+        raise origin.error(row, f"cannot read {cell_repr(text, row)} as a time ({TIME_FORMS})")
 
     # Every row matches ISO_8601, so each field sits at a fixed place or follows a fixed mark.
     def num(start: int, stop: int, present: Any = None) -> Any:
         field = text.str.slice(start, stop)
         if present is not None:
             field = field.where(present, "0")
-        return _array(field.astype("int64"), backend)
+        return as_array(field.astype("int64"), backend)
 
     has_clock = text.str.contains("^.{10}[T ]")
     has_seconds = text.str.contains("^.{16}[:]")
@@ -257,9 +261,9 @@ def _iso(text: Any, origin: Origin, backend: Backend) -> Any:
     zone = text.str.replace(_ISO_DATE_TIME, "", regex=True)  # "", "Z", "+02", "+0200", "+02:00"
     zone = zone.str.replace(":", "", regex=False).str.replace("Z", "", regex=False)
     zone = zone.str.pad(5, side="right", fillchar="0")  # "" -> "00000", "+02" -> "+0200"
-    zone_sign = xp.where(_array(zone.str.slice(0, 1) == "-", backend), -1, 1)
-    zone_h = _array(zone.str.slice(1, 3).astype("int64"), backend)
-    zone_m = _array(zone.str.slice(3, 5).astype("int64"), backend)
+    zone_sign = xp.where(as_array(zone.str.slice(0, 1) == "-", backend), -1, 1)
+    zone_h = as_array(zone.str.slice(1, 3).astype("int64"), backend)
+    zone_m = as_array(zone.str.slice(3, 5).astype("int64"), backend)
     leap = ((year % 4 == 0) & (year % 100 != 0)) | (year % 400 == 0)
     month_days = xp.asarray([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=xp.int64)
     good_month = (month >= 1) & (month <= 12)
@@ -269,38 +273,38 @@ def _iso(text: Any, origin: Origin, backend: Backend) -> Any:
     days = _days_from_civil(year, xp.clip(month, 1, 12), day, xp)
     seconds = days * 86400 + hour * 3600 + minute * 60 + second
     seconds -= zone_sign * (zone_h * 3600 + zone_m * 60)
-    return _scaled(seconds, fraction, bad, text, origin, backend)
+    return scaled_times(seconds, fraction, bad, text, origin, backend)
 
 
 def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
     """int64 backend array whose order is the order of the times (values only compared)."""
     xp = backend.xp
-    col = _plain(col)
-    if not _is_text(col):
-        _no_nulls(col, origin, backend)
+    col = plain_values(col)
+    if not is_text(col):
+        check_no_nulls(col, origin, backend)
         kind = col.dtype.kind
         if kind in "iu":
-            return _array(col, backend).astype(xp.int64, copy=False)
+            return as_array(col, backend).astype(xp.int64, copy=False)
         if kind == "M":
             if getattr(col.dtype, "tz", None) is not None:
                 col = col.dt.tz_convert(None)  # the same instant, as naive UTC
-            return _array(col.astype("int64"), backend)
+            return as_array(col.astype("int64"), backend)
         if kind == "f":
-            values = _array(col, backend)
-            row = _first(~xp.isfinite(values), xp)
+            values = as_array(col, backend)
+            row = first_true(~xp.isfinite(values), xp)
             if row is not None:
-                raise origin.error(row, f"{_cell(col, row)} is not a finite time")
+                raise origin.error(row, f"{cell_repr(col, row)} is not a finite time")
             return unique_inverse(values, xp)[1]  # ranks keep the order exactly
         raise origin.error(0, f"has type {col.dtype}; {TIME_FORMS}")
-    text, _ = _text(col, origin, backend)
-    number = _array(text.str.contains(NUMBER), backend)
+    text, _ = stripped_text(col, origin, backend)
+    number = as_array(text.str.contains(NUMBER), backend)
     if bool(number[0]):
-        row = _first(~number, xp)
+        row = first_true(~number, xp)
         if row is not None:
-            raise origin.error(row, f"cannot read {_cell(text, row)} as a time like the "
+            raise origin.error(row, f"cannot read {cell_repr(text, row)} as a time like the "
                                     f"column's first value ({TIME_FORMS})")  # fmt: skip
-        return _epoch(text, origin, backend)
-    return _iso(text, origin, backend)
+        return epoch_times(text, origin, backend)
+    return iso_times(text, origin, backend)
 
 
 # ---- ratings ---------------------------------------------------------------------------------
@@ -309,16 +313,16 @@ def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
 def rating_values(col: Any, origin: Origin, backend: Backend) -> Any:
     """float32 backend array; an empty cell is -inf, so it never passes --min-rating."""
     xp = backend.xp
-    col = _plain(col)
-    if not _is_text(col):
+    col = plain_values(col)
+    if not is_text(col):
         if col.dtype.kind not in "iuf":
             raise origin.error(0, f"has type {col.dtype}; ratings must be numbers")
-        values = _array(col.astype("float64").fillna(float("-inf")), backend)
+        values = as_array(col.astype("float64").fillna(float("-inf")), backend)
         return values.astype(xp.float32)
-    text, empty = _text(col, origin, backend, empty_ok=True)
-    number = _array(text.str.contains(RATING), backend)
-    row = _first(~number & ~empty, xp)
+    text, empty = stripped_text(col, origin, backend, empty_ok=True)
+    number = as_array(text.str.contains(RATING), backend)
+    row = first_true(~number & ~empty, xp)
     if row is not None:
-        raise origin.error(row, f"cannot read rating {_cell(text, row)} as a number")
-    values = _array(text.where(text != "", "0").astype("float64"), backend)
+        raise origin.error(row, f"cannot read rating {cell_repr(text, row)} as a number")
+    values = as_array(text.where(text != "", "0").astype("float64"), backend)
     return xp.where(empty, -xp.inf, values).astype(xp.float32)

@@ -37,6 +37,7 @@ from ncfcli.options import (
     AT_LEAST_1,
     BY_SIZE,
     DATA,
+    DEVICE_HELP,
     DEVICES,
     EVAL,
     FRACTION,
@@ -116,9 +117,7 @@ class TrainConfig:
     overwrite: bool = opt(
         False, "Replace ncf's own earlier output at --out (never other files).", OUTPUT
     )
-    device: str = opt(
-        "auto", "auto (GPU when CuPy sees one), cpu or cuda.", DEVICES, envvar="NCF_DEVICE"
-    )
+    device: str = opt("auto", DEVICE_HELP, DEVICES, envvar="NCF_DEVICE")
     # a resumed run trains the missing epochs
     epochs: int | None = opt(
         None, "Total epochs.", OPTIM, flags=("--epochs", "-e"), shown=BY_SIZE, check=AT_LEAST_1

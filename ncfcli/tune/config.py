@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 
 from ncfcli.errors import NcfError
-from ncfcli.options import DEVICES, EVAL, MODEL, OUTPUT, opt, prepared
+from ncfcli.options import DEVICE_HELP, DEVICES, EVAL, MODEL, OUTPUT, opt, prepared
 
 KINDS = ("mf", "neumf", "gmf", "mlp", "pop", "itemknn", "ease", "als")
 DEFAULT_KINDS = ("mf", "neumf", "gmf", "itemknn", "ease", "als")
@@ -68,7 +68,7 @@ class TuneConfig:
     jobs: int = opt(1, "Trials at once: worker processes (one per GPU with --device cuda).",
                     DEVICES)  # fmt: skip
     seed: int = opt(0, "Seeds the sampler; every trial trains with seed 0.", EVAL)
-    device: str = opt("auto", "auto, cpu or cuda.", DEVICES, envvar="NCF_DEVICE")
+    device: str = opt("auto", DEVICE_HELP, DEVICES, envvar="NCF_DEVICE")
 
     def __post_init__(self) -> None:
         if self.budget is None and self.trials is None:

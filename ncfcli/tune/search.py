@@ -165,7 +165,7 @@ def work(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float |
     if gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(worker % gpus)
         device = "cuda"
-    if cfg.jobs > 1 and device != "cuda":
+    if cfg.jobs > 1 and device != "cuda" and not os.environ.get("OMP_NUM_THREADS"):
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
