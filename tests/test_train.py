@@ -435,7 +435,7 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
         hr, ndcg = figures[calls.count(split)][split]  # this split's n-th call: epoch n
         return {"hr@10": hr, "ndcg@10": ndcg}
 
-    monkeypatch.setattr(train_evaluation, "_evaluate", evaluate)
+    monkeypatch.setattr(train_evaluation, "evaluate_split", evaluate)
     run = tmp_path / "chosen"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "--json")
     assert result.exit_code == 0, result.output

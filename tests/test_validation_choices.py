@@ -88,7 +88,7 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
     from ncfcli.defaults import ORDER_FACTORS_ON, size_defaults
     from ncfcli.distributed import DistEnv
     from ncfcli.train import TrainConfig
-    from ncfcli.train.start import _resolved
+    from ncfcli.train.start import resolve_options
 
     backend = get_backend("cpu")
     second_tier = 300_000
@@ -102,7 +102,7 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
         data = load_prepared(out, backend)
         for given in (None, 0):
             cfg = TrainConfig(data_dir=str(out), order_factors=given)
-            resolved, probed = _resolved(cfg, data, DistEnv(), backend, None, second_tier)
+            resolved, probed = resolve_options(cfg, data, DistEnv(), backend, None, second_tier)
             got[(ordered, given)] = (resolved.order_factors, probed is not None and probed.on)
     assert got[(True, None)] == (ORDER_FACTORS_ON, True)
     assert got[(False, None)] == (0, False)

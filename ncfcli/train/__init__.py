@@ -4,6 +4,7 @@
 - config.py: the options (TrainConfig), their per-dataset defaults (`resolve`, `batch_lr`) and
   what --resume and --refit may change;
 - start.py: where a run starts from: resumed or new, the model and Adam, the data on the device;
+- session.py: the run's state while it trains (`Session`), built by start.py, updated by the loop;
 - optim.py: the optimizer, the lr of each step (warm-up, decay), micro-batch gradients;
 - evaluation.py: HR@10 and NDCG@10 per epoch, and which epoch is the run's;
 - run.py: the run directory: config.json, checkpoints, metrics and logs, curves;

@@ -20,15 +20,15 @@ from ncfcli.fsutil import atomic_write_text, remove_output, write_marker
 from ncfcli.logs import RunLog
 from ncfcli.metrics import TIE_RULE
 from ncfcli.train.config import TrainConfig, tunables
-from ncfcli.train.evaluation import KS, _evaluate, _selection
+from ncfcli.train.evaluation import KS, evaluate_split, selecting_split
 from ncfcli.train.run import (
     RUN_ENTRIES,
     TrainResult,
-    _check_run_dir,
-    _dataset_info,
     _write_checkpoint,
+    check_run_dir,
+    describe_dataset,
 )
-from ncfcli.train.start import _check_ages
+from ncfcli.train.start import check_ages
 
 KEEP = {
     "als": ("factors", "als_reg", "als_alpha", "als_iterations"),
@@ -82,7 +82,7 @@ class _Fit:
                                             recency_weight=self.recency[0],
                                             recency_span=self.recency[1])  # fmt: skip
             model, seconds = baselines.fit(bcfg, data, self.backend, self.seed, self.pos_weight)
-            scores = {chosen_by: _evaluate(model, held, self.env, self.eval_batch)}
+            scores = {chosen_by: evaluate_split(model, held, self.env, self.eval_batch)}
             if len(grid) > 1:
                 tried.append({**point, **scores[chosen_by]})
             key = (scores[chosen_by]["hr@10"], scores[chosen_by]["ndcg@10"])
@@ -109,7 +109,7 @@ def _fit_baseline(
         raise NcfError(f"--model {kind} is fitted in one go; there is nothing to --resume")
     if env.world_size > 1:
         raise NcfError(f"--model {kind} fits in one process; drop --nproc/--gpus")
-    replace_run = _check_run_dir(run_dir, cfg)
+    replace_run = check_run_dir(run_dir, cfg)
     given = {k: getattr(cfg, k) for k in baselines.DEFAULTS if getattr(cfg, k) is not None}
     opts = {**baselines.DEFAULTS, **given} if kind in ("als", "ease", "itemknn") else {}
     # The baselines are the classic models: no recency weight unless given (ALS takes one).
@@ -119,7 +119,7 @@ def _fit_baseline(
         raise NcfError(f"--recency-weight applies to the NCF models and --model als, "
                        f"not --model {kind}", exit_code=2)  # fmt: skip
     if r_weight:
-        _check_ages(cfg, data, "--recency-weight")
+        check_ages(cfg, data, "--recency-weight")
     if cfg.order_factors:
         raise NcfError(f"--order-factors applies to the NCF models, not --model {kind}",
                        exit_code=2)  # fmt: skip
@@ -131,20 +131,20 @@ def _fit_baseline(
     if r_weight:
         pos_weight = recency.recency_weights(data.train_age, r_weight, r_span, backend.xp,
                                              data.train_users, data.n_users)  # fmt: skip
-    select = _selection(data)
+    select = selecting_split(data)
     grid = validation_grid(kind, given) if data.has_validation else [{}]
     fit = _Fit(kind, data, backend, env, seed, pos_weight, (r_weight, r_span), eval_batch)
     values, bcfg, model, fit_seconds, scores, tried = fit.choose(opts, grid, keep)
     if "test" not in scores and score_test:  # read once, for the chosen values only
         held = tuple(backend.to_torch(a) for a in data.held_out("test", backend.xp))
-        scores["test"] = _evaluate(model, held, env, eval_batch)
+        scores["test"] = evaluate_split(model, held, env, eval_batch)
     cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
                   **{k: values[k] for k in keep})  # fmt: skip
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
               "test": scores.get("test"), "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
     best = {"epoch": 1, "selected_by": select, "test": None, **scores}
-    dataset_info = _dataset_info(cfg, data)
+    dataset_info = describe_dataset(cfg, data)
     if replace_run:
         remove_output(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from ncfcli.train.device import _tf32_restored
 KS = (10,)
 
 
-def _evaluate(
+def evaluate_split(
     model: torch.nn.Module,
     eval_set: tuple[Any, ...],
     env: DistEnv,
@@ -48,7 +48,7 @@ def _evaluate(
     return sums_to_metrics(sums, KS)
 
 
-def _selection(data: PreparedData) -> str:
+def selecting_split(data: PreparedData) -> str:
     """What chooses best.pt: "validation"; "test" without a validation split (the NCF protocol,
     and every report says so); "last" in a --refit run (its epochs were chosen beforehand)."""
     if data.has_validation:
@@ -88,4 +88,4 @@ def score_split(
     max_rows: int,
 ) -> dict[str, float]:
     """HR@10 and NDCG@10 of one held-out split (this rank's users, summed over ranks)."""
-    return _evaluate(model, sets[split], env, max_rows)
+    return evaluate_split(model, sets[split], env, max_rows)

@@ -52,8 +52,9 @@ from ncfcli.train.run import (
     save_epoch,
     save_interrupted,
 )
+from ncfcli.train.session import Session
 from ncfcli.train.shard import load as load_shard
-from ncfcli.train.start import Session, start
+from ncfcli.train.start import start
 
 LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
 

@@ -1,5 +1,5 @@
 """Runs built from other runs: `--refit RUN` (`_refit_settings`) and the pretrained towers of
-`--pretrained-gmf` / `--pretrained-mlp` (`_load_towers`).
+`--pretrained-gmf` / `--pretrained-mlp` (`load_pretrained`).
 
 `--refit RUN` trains RUN's resolved settings again on train + validation
 (PreparedData.merge_validation) for the epoch count RUN's validation chose; with no validation
@@ -72,7 +72,7 @@ def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tr
     return replace(cfg, **values)
 
 
-def _load_towers(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
+def load_pretrained(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
     """--pretrained-gmf / --pretrained-mlp: the validation-chosen epoch (best.pt) of each run,
     which must come from the same dataset, copied into the new NeuMF (model.load_towers)."""
     towers: dict[str, Any] = {}

@@ -33,7 +33,7 @@ from ncfcli.train.config import TrainConfig, tunables
 from ncfcli.train.evaluation import KS
 
 if TYPE_CHECKING:
-    from ncfcli.train.start import Session
+    from ncfcli.train.session import Session
 
 RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "metrics.csv", "curves.png",
                "tensorboard")  # fmt: skip
@@ -97,7 +97,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def _check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
+def check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
     """Refuse an --out that is not new, empty or (with --overwrite) ncf's own earlier run;
     True when an earlier run is to be replaced."""
     if read_marker(run_dir) is None and (run_dir / ckpt.CKPT_DIR / ckpt.LAST).is_file():
@@ -108,7 +108,7 @@ def _check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
     return check_out_dir(run_dir, "run", overwrite=cfg.overwrite, protect=[cfg.data_dir], hint=hint)
 
 
-def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
+def option_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
     """{option: [old, new]} for every resolved option a resume changed."""
     out: dict[str, list[Any]] = {}
     for k, new in after.items():
@@ -118,7 +118,7 @@ def _changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[An
     return out
 
 
-def _dataset_info(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
+def describe_dataset(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
     """The dataset as checkpoints and config.json record it (eval and recommend rebuild it)."""
     info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
             "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip

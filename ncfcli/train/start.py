@@ -20,7 +20,7 @@ number of steps (data/batches.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,51 +38,12 @@ from ncfcli.errors import NcfError
 from ncfcli.model import ModelConfig, build_model, count_parameters
 from ncfcli.train.config import PROBED, TIME_DEFAULTS, TrainConfig, resolve, tunables
 from ncfcli.train.device import set_precision, set_threads
-from ncfcli.train.evaluation import _selection, eval_sets
+from ncfcli.train.evaluation import eval_sets, selecting_split
 from ncfcli.train.optim import make_optimizer
-from ncfcli.train.refit import _load_towers
-from ncfcli.train.run import _changes, _check_run_dir, _dataset_info
+from ncfcli.train.refit import load_pretrained
+from ncfcli.train.run import check_run_dir, describe_dataset, option_changes
+from ncfcli.train.session import Session
 from ncfcli.train.shard import Layout, record
-
-
-@dataclass
-class Session:
-    """What a run trains with, from `start`; the loop updates history, best and resumes."""
-
-    cfg: TrainConfig  # resolved: no None left but where None means "off"
-    data: PreparedData
-    env: DistEnv
-    backend: Backend
-    run_dir: Path
-    model_cfg: ModelConfig
-    device: torch.device
-    amp_dtype: torch.dtype | None
-    model: Any
-    ddp: torch.nn.Module  # the model, in DistributedDataParallel when there are several ranks
-    optimizer: Any
-    scaler: torch.amp.GradScaler
-    n_params: int
-    sampler: NegativeSampler
-    local_batch: int  # this rank's samples per step
-    eval_sets: dict[str, tuple[Any, ...]]
-    select: str  # the split that chooses best.pt (evaluation._selection)
-    dataset_info: dict[str, Any]
-    replace_run: bool  # an earlier run at --out is to be removed first
-    probed: recency.Probe | None  # the validation probe, when it ran now
-    resumed: bool
-    done: int  # epochs done before this invocation
-    resumes: list[dict[str, Any]]  # config.json's record of every resume, this one included
-    layout: Layout = field(default_factory=lambda: Layout("none", ""))  # --shard (shard.py)
-    shard: dict[str, Any] = field(default_factory=dict)  # its record: mode, rows per rank
-    start_step: int = 0  # steps of epoch done + 1 done before this invocation
-    partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
-    history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
-    best: dict[str, Any] | None = None
-
-    def amp_ctx(self) -> Any:
-        return torch.autocast(
-            self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None
-        )
 
 
 def start(
@@ -98,9 +59,9 @@ def start(
                        "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip
     shard = record(layout, data, env, backend.torch_device)
     n_train = sum(shard["rank_rows"]) if layout.sharded else int(data.train_users.shape[0])
-    replace_run = env.is_main and not cfg.resume and _check_run_dir(run_dir, cfg)
+    replace_run = env.is_main and not cfg.resume and check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
-    cfg, probed = _resolved(cfg, data, env, backend, saved, n_train, layout.sharded)
+    cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
@@ -115,7 +76,7 @@ def start(
     torch.manual_seed(cfg.seed or 0)
     model = build_model(model_cfg).to(device)
     if not resumed and (cfg.pretrained_gmf or cfg.pretrained_mlp):
-        _load_towers(model, cfg, data)
+        load_pretrained(model, cfg, data)
     n_params = count_parameters(model)
     optimizer, scaler = make_optimizer(model, cfg, backend, device, amp_dtype)
     restored = {}
@@ -130,13 +91,13 @@ def start(
         ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
     sampler, local_batch = _sampler(cfg, data, env, backend, shard["rank_rows"], layout)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
-    select = _selection(data)
+    select = selecting_split(data)
     held = eval_sets(cfg, data, env, backend)
     return Session(cfg=cfg, data=data, env=env, backend=backend, run_dir=run_dir,
                    model_cfg=model_cfg, device=device, amp_dtype=amp_dtype, model=model, ddp=ddp,
                    optimizer=optimizer, scaler=scaler, n_params=n_params, sampler=sampler,
                    local_batch=local_batch, eval_sets=held, select=select,
-                   dataset_info=_dataset_info(cfg, data), replace_run=replace_run, probed=probed,
+                   dataset_info=describe_dataset(cfg, data), replace_run=replace_run, probed=probed,
                    resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
                    shard=shard, **restored)  # fmt: skip
 
@@ -162,7 +123,7 @@ def _resumed(
     return resumed, data, cfg
 
 
-def _resolved(
+def resolve_options(
     cfg: TrainConfig,
     data: PreparedData,
     env: DistEnv,
@@ -195,7 +156,7 @@ def _resolved(
     for name, off in TIME_DEFAULTS.items():
         if getattr(cfg, name) and data.train_age is None:
             if given[name]:
-                _check_ages(cfg, data, "--" + name.replace("_", "-"))
+                check_ages(cfg, data, "--" + name.replace("_", "-"))
             cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
     return cfg, probed
 
@@ -218,7 +179,7 @@ def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency
                          on=bool(got[5]))  # fmt: skip
 
 
-def _check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
+def check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
     """Refuse a `flag` (--recency-weight, --order-factors) the dataset cannot serve: it has no
     time order of its positives."""
     if data.train_age is not None:
@@ -273,7 +234,7 @@ def _restore(
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
     for g in optimizer.param_groups:
         g["betas"], g["eps"] = betas, float(cfg.eps or 1e-8)
-    changed = _changes(saved, tunables(cfg))
+    changed = option_changes(saved, tunables(cfg))
     if resumed.get("world_size") not in (None, env.world_size):
         changed["world_size"] = [resumed.get("world_size"), env.world_size]
     if had != mode:

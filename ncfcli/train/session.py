@@ -1,0 +1,59 @@
+"""A run's state while it trains (`Session`): what `start` builds and the loop updates, and what
+the run directory (run.py) records of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ncfcli import recency
+from ncfcli.backend import Backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.data.dataset import PreparedData
+from ncfcli.distributed import DistEnv
+from ncfcli.model import ModelConfig
+from ncfcli.train.config import TrainConfig
+from ncfcli.train.shard import Layout
+
+
+@dataclass
+class Session:
+    """What a run trains with, from `start`; the loop updates history, best and resumes."""
+
+    cfg: TrainConfig  # resolved: no None left but where None means "off"
+    data: PreparedData
+    env: DistEnv
+    backend: Backend
+    run_dir: Path
+    model_cfg: ModelConfig
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    model: Any
+    ddp: torch.nn.Module  # the model, in DistributedDataParallel when there are several ranks
+    optimizer: Any
+    scaler: torch.amp.GradScaler
+    n_params: int
+    sampler: NegativeSampler
+    local_batch: int  # this rank's samples per step
+    eval_sets: dict[str, tuple[Any, ...]]
+    select: str  # the split that chooses best.pt (evaluation.selecting_split)
+    dataset_info: dict[str, Any]
+    replace_run: bool  # an earlier run at --out is to be removed first
+    probed: recency.Probe | None  # the validation probe, when it ran now
+    resumed: bool
+    done: int  # epochs done before this invocation
+    resumes: list[dict[str, Any]]  # config.json's record of every resume, this one included
+    layout: Layout = field(default_factory=lambda: Layout("none", ""))  # --shard (shard.py)
+    shard: dict[str, Any] = field(default_factory=dict)  # its record: mode, rows per rank
+    start_step: int = 0  # steps of epoch done + 1 done before this invocation
+    partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
+    history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
+    best: dict[str, Any] | None = None
+
+    def amp_ctx(self) -> Any:
+        return torch.autocast(
+            self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None
+        )
