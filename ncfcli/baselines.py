@@ -303,13 +303,29 @@ def _ease(
     for u0 in range(0, n_users, block):
         u1 = min(u0 + block, n_users)
         lo, hi = int(cuts[u0]), int(cuts[u1])
+        rows, cols = users[lo:hi] - u0, items[lo:hi]
         x = torch.zeros(u1 - u0, n_items, dtype=torch.float64, device=device)
-        x[users[lo:hi] - u0, items[lo:hi]] = 1.0
-        gram.addmm_(x.t(), x)  # integer counts, exact in float64: the same gram as X^T X
-        del x
+        x[rows, cols] = 1.0
+        # X^T as a sparse matrix (a prepared dataset holds each pair once): its product with
+        # the dense block costs positives x items, not users x items x items (Beauty: 1.8e9
+        # multiply-adds in place of 3.3e12); integer counts, exact in float64
+        ones = torch.ones(hi - lo, dtype=torch.float64, device=device)
+        xt = torch.sparse_coo_tensor(
+            torch.stack([cols, rows]), ones, (n_items, u1 - u0), check_invariants=False
+        )
+        gram.add_(torch.sparse.mm(xt, x))
+        del x, xt
     gram.diagonal().add_(lam)
-    p = torch.linalg.inv(gram)
-    del gram
+    # gram + lam * I is symmetric positive definite: Cholesky's inverse takes half the work of
+    # a general one (n^3 against 2 n^3); a factorisation that fails on rounding falls back to it
+    chol, info = torch.linalg.cholesky_ex(gram)
+    if int(info) == 0:
+        del gram
+        p = torch.cholesky_inverse(chol)
+    else:
+        p = torch.linalg.inv(gram)
+        del gram
+    del chol
     p.div_(-p.diagonal().clone()[None, :])  # B = -P / diag(P) off the diagonal
     p.diagonal().zero_()
     return p.float()
