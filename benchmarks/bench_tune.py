@@ -42,14 +42,29 @@ def prepare(name: str, work: Path, ml100k: str | None, beauty: str) -> Path:
     out = work / name
     if (out / "meta.json").is_file():
         return out
-    src = str(find_ml100k(ml100k)) if name == "ml-100k" else beauty
-    res = ncf("prepare", src, "--out", str(out), "--device", "cpu", "-q")
+    if name == "synthetic":  # seconds, for a check of the script itself
+        src = [
+            "synthetic",
+            "--users",
+            "80",
+            "--items",
+            "50",
+            "--interactions",
+            "1500",
+            "--eval-negatives",
+            "20",
+        ]
+    else:
+        src = [str(find_ml100k(ml100k)) if name == "ml-100k" else beauty]
+    res = ncf("prepare", *src, "--out", str(out), "--device", "cpu", "-q")
     if res.returncode != 0:
-        sys.exit(f"error: ncf prepare {src}: {res.stderr.strip().splitlines()[-1:]}")
+        last = (res.stderr.strip().splitlines() or ["?"])[-1]
+        sys.exit(f"error: ncf prepare {src[0]}: {last}")
     return out
 
 
-def tune_pair(data: Path, work: Path, seed: int, budget: str) -> dict[str, dict[str, Any]]:
+def tune_pair(data: Path, work: Path, seed: int, budget: str,
+              more: list[str]) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Both searches at once, one core each; their report.json by lane."""
     env = ncf_env({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                    "OPENBLAS_NUM_THREADS": "1", "NCF_TUNE_QUIET": "1"})  # fmt: skip
@@ -57,7 +72,7 @@ def tune_pair(data: Path, work: Path, seed: int, budget: str) -> dict[str, dict[
     for lane, extra in LANES.items():
         out = work / f"{data.name}-{lane}-{seed}"
         cmd = [sys.executable, "-m", "ncfcli", "tune", str(data), "--budget", budget,
-               "--seed", str(seed), *extra, "--out", str(out), "--device", "cpu", "--json"]  # fmt: skip
+               "--seed", str(seed), *extra, *more, "--out", str(out), "--device", "cpu", "--json"]  # fmt: skip
         procs[lane] = (out, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, text=True))  # fmt: skip
     reports = {}
@@ -85,9 +100,10 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="+", default=["ml-100k", "beauty"],
-                   choices=["ml-100k", "beauty"])  # fmt: skip
+                   choices=["ml-100k", "beauty", "synthetic"])  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--budget", default="20m", help="each search's wall budget (default 20m)")
+    p.add_argument("--max-epochs", type=int, help="ncf tune's --max-epochs (default: its own)")
     p.add_argument("--margin", type=float, default=0.02)
     p.add_argument("--work", help="keep prepared data and searches here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
@@ -101,8 +117,9 @@ def main() -> None:
         for name in args.datasets:
             data = prepare(name, work, args.data, args.beauty)
             rows: dict[str, list[dict[str, Any]]] = {lane: [] for lane in LANES}
+            more = [] if args.max_epochs is None else ["--max-epochs", str(args.max_epochs)]
             for seed in args.seeds:
-                for lane, report in tune_pair(data, work, seed, args.budget).items():
+                for lane, report in tune_pair(data, work, seed, args.budget, more).items():
                     rows[lane].append(row(report))
                     r = rows[lane][-1]
                     figs = " ".join(f"{r[f'{p} {m}']:.4f}" for p, m in FIGURES)

@@ -7,6 +7,7 @@ a path given with --data, or one error line naming all three places and exit sta
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -96,3 +97,29 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
     fitted.clear()
     best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, [(64, 30.0, 5.0, 15)])
     assert best == (64, 30.0, 5.0, 15) and len(fitted) == 1
+
+
+def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
+    tmp_path: Path,
+) -> None:
+    """bench_tune.py on a tiny synthetic set: each seed's line carries the chosen trial's test
+    figures from its report.json; a margin no search can reach exits 1 naming the misses; a
+    second run on the same --work resumes the spent studies and prints the same lines."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_tune.py"), "--datasets", "synthetic",
+           "--seeds", "0", "--budget", "3", "--max-epochs", "2", "--work", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.run([*cmd, "--margin", "1"], capture_output=True, text=True, env=env,
+                           timeout=300)  # fmt: skip
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert "MISSED on synthetic sampled hr@10" in first.stdout
+    seeds = [line for line in first.stdout.splitlines() if line.startswith("synthetic seed 0 ")]
+    assert len(seeds) == 2
+    for lane, line in zip(("ncf", "base"), seeds, strict=True):
+        best = json.loads((tmp_path / f"synthetic-{lane}-0" / "report.json").read_text())["best"]
+        figs = [best["test"][p][m] for p in ("sampled", "full") for m in ("hr@10", "ndcg@10")]
+        assert line.endswith("test " + " ".join(f"{v:.4f}" for v in figs)), line
+    assert seeds[1].split(": ")[1].split()[0] in ("itemknn", "ease", "als", "pop")
+    again = subprocess.run([*cmd, "--margin", "-1"], capture_output=True, text=True, env=env,
+                           timeout=300)  # fmt: skip
+    assert again.returncode == 0 and again.stdout.rstrip().endswith("met"), again.stderr[-2000:]
+    assert [ln for ln in again.stdout.splitlines() if ln.startswith("synthetic seed 0 ")] == seeds
