@@ -39,54 +39,12 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from ncfcli.errors import NcfError
-from ncfcli.workers import supervise
+from ncfcli.workers import LaunchPlan, supervise
 
 LAUNCH_FLAGS = ("--gpus", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
 DEFAULT_MULTINODE_PORT = 29500
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """What this node starts: the checked and resolved launch options."""
-
-    nproc_per_node: int  # workers on this node
-    nnodes: int  # nodes in the job
-    node_rank: int  # this node's index, 0 hosts rank 0
-    master_addr: str  # where rank 0 listens
-    master_port: int  # the port rank 0 listens on
-    device: str | None  # "cuda" (--gpus), "cpu" (--nproc) or None (the worker's own --device)
-    threads: int  # CPU threads per worker (OMP_NUM_THREADS)
-    worker_args: tuple[str, ...] = field(
-        default=()
-    )  # `ncf train` arguments, launch options removed
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc_per_node * self.nnodes
-
-    def rank(self, local_rank: int) -> int:
-        return self.node_rank * self.nproc_per_node + local_rank
-
-    def worker_env(self, local_rank: int, base: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment of worker `local_rank` on this node."""
-        env = dict(os.environ if base is None else base)
-        env.update(
-            RANK=str(self.rank(local_rank)),
-            WORLD_SIZE=str(self.world_size),
-            LOCAL_RANK=str(local_rank),
-            LOCAL_WORLD_SIZE=str(self.nproc_per_node),
-            GROUP_RANK=str(self.node_rank),
-            MASTER_ADDR=self.master_addr,
-            MASTER_PORT=str(self.master_port),
-            PYTHONUNBUFFERED="1",
-        )
-        if "OMP_NUM_THREADS" not in env:  # a user's explicit choice wins
-            env["OMP_NUM_THREADS"] = str(self.threads)
-            env["MKL_NUM_THREADS"] = str(self.threads)
-        return env
 
 
 def should_launch(

@@ -1,10 +1,10 @@
 """The workers of one node's launch: start, watch, stop, report (`ncf train DATA --nproc 2`).
 
-ncfcli/launch.py plans the run (who is which rank, with which environment) and hands the plan
-to `supervise`, which runs the workers as its docstring says: rank 0's stderr passed through,
-the other ranks' kept as a tail for a failure, one `error: rank R failed: ...` line when one
-dies, the others stopped (SIGTERM, then SIGKILL after NCF_LAUNCH_GRACE seconds), Ctrl-C
-forwarded once as SIGINT so rank 0 can write its checkpoint.
+ncfcli/launch.py plans the run (a `LaunchPlan`, defined here: who is which rank, with which
+environment) and hands the plan to `supervise`, which runs the workers as its docstring says:
+rank 0's stderr passed through, the other ranks' kept as a tail for a failure, one `error:
+rank R failed: ...` line when one dies, the others stopped (SIGTERM, then SIGKILL after
+NCF_LAUNCH_GRACE seconds), Ctrl-C forwarded once as SIGINT so rank 0 can write its checkpoint.
 """
 
 from __future__ import annotations
@@ -20,12 +20,52 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import IO, TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from ncfcli.errors import NcfError
 
-if TYPE_CHECKING:
-    from ncfcli.launch import LaunchPlan
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What this node starts: the checked and resolved launch options."""
+
+    nproc_per_node: int  # workers on this node
+    nnodes: int  # nodes in the job
+    node_rank: int  # this node's index, 0 hosts rank 0
+    master_addr: str  # where rank 0 listens
+    master_port: int  # the port rank 0 listens on
+    device: str | None  # "cuda" (--gpus), "cpu" (--nproc) or None (the worker's own --device)
+    threads: int  # CPU threads per worker (OMP_NUM_THREADS)
+    worker_args: tuple[str, ...] = field(
+        default=()
+    )  # `ncf train` arguments, launch options removed
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def rank(self, local_rank: int) -> int:
+        return self.node_rank * self.nproc_per_node + local_rank
+
+    def worker_env(self, local_rank: int, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment of worker `local_rank` on this node."""
+        env = dict(os.environ if base is None else base)
+        env.update(
+            RANK=str(self.rank(local_rank)),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(self.nproc_per_node),
+            GROUP_RANK=str(self.node_rank),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+            PYTHONUNBUFFERED="1",
+        )
+        if "OMP_NUM_THREADS" not in env:  # a user's explicit choice wins
+            env["OMP_NUM_THREADS"] = str(self.threads)
+            env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
 
 VERBOSE_ENV = "NCF_LAUNCH_VERBOSE"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit): ")
