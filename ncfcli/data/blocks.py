@@ -280,7 +280,7 @@ def summarize(part: Part) -> dict[str, Any]:
     """What the client needs of a block: counts, kinds and distinct raw ids (small)."""
     return {"n_raw": part.n_raw, "n_low": part.n_low, "n_rows": len(part.ts),
             "kinds": part.kinds, "time_kind": part.time_kind, "digits": part.digits,
-            "top": part.top,
+            "top": part.top, "ts_max": int(part.ts.max()) if len(part.ts) else None,
             "users": _distinct(part.user), "items": _distinct(part.item)}  # fmt: skip
 
 

@@ -10,7 +10,8 @@ disk. Its steps, each a set of tasks on futures:
 
 1. read: blocks of the input (byte ranges of a text file cut on newlines, Parquet row groups, or
    synthetic partitions of users) parsed by the memory engine's own code (raw.read_csv_block,
-   values.py), --min-rating applied; each block reports its distinct raw ids.
+   values.py), --min-rating applied; each block reports its distinct raw ids. `--test FILE`
+   (holdout.py) is read on the client and joins as one more block, timed after the latest.
 2. index: the client merges the distinct ids into the sorted id dictionaries (small), so a dense
    id is the memory engine's; each block maps its ids and cuts its rows into buckets of dense
    users (buckets.bucket_of): the one shuffle, by hand, one piece per (block, bucket).
@@ -42,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.data import raw
+from ncfcli.data import raw, values
 from ncfcli.data.blocks import (
     Block,
     Part,
@@ -57,6 +58,7 @@ from ncfcli.data.blocks import (
 )
 from ncfcli.data.buckets import SplitRules, TooFewCandidates, bucket_of, default_buckets
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted
 from ncfcli.errors import NcfError
 
@@ -339,8 +341,6 @@ def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
         raise NcfError("--engine dask needs Dask: pip install 'ncfcli[dask]'") from None
     from distributed import KilledWorker
 
-    if config.test is not None:
-        raise NcfError("--test is not supported by --engine dask yet; use --engine memory")
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.dask-", dir=out.parent))
     try:
@@ -381,8 +381,11 @@ def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, quiet: 
         top_rating = max(i["top"] for i in infos)
         raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
                        f"(the highest rating is {top_rating:g})")  # fmt: skip
+    held_users = None
+    if config.test is not None:
+        held_users = _with_holdout(config, client, parts, infos, source)
     with stage("filter and index") as note:
-        ix = _index(config, client, parts, infos)
+        ix = _index(config, client, parts, infos, held_users)
         del parts, infos
         note["done"] = (f"{len(ix.user_ids):,} users, {len(ix.item_ids):,} items, "
                         f"{ix.n_pos:,} positives")  # fmt: skip
@@ -439,11 +442,41 @@ class _Indexed:
     n_pos: int
 
 
+def _with_holdout(config: PrepareConfig, client: Any, parts: list[Any],
+                  infos: list[dict[str, Any]], source: dict[str, Any]) -> Any:  # fmt: skip
+    """`--test FILE` (holdout.py), read on the client (a row per user): one more block whose
+    rows are timed one after the latest training time at the column's longest fraction, as
+    the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
+    held, source["test"] = read_holdout(config, get_backend("cpu"))
+    kinds = {}
+    for role in ("user", "item"):
+        ids = getattr(held, role)
+        held_text = not isinstance(ids, np.ndarray)
+        train_text = any(i["kinds"][role] == "str" for i in infos)
+        check_kinds(config, role, train_text, held_text)
+        kinds[role] = "str" if held_text else "int"
+    top = max(i["digits"] for i in infos)
+    latest = [i["ts_max"] * 10 ** (top - i["digits"]) for i in infos if i["ts_max"] is not None]
+    ts = np.full(held.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
+    ids = {r: getattr(held, r) for r in ("user", "item")}
+    for role, ids_of in ids.items():
+        if kinds[role] == "int":
+            ids[role] = ids_of.astype(np.int64, copy=False)
+        else:
+            ids[role] = values.to_arrow_strings(ids_of)
+    part = Part(ids["user"], ids["item"], ts, 0, 0, kinds, digits=top)
+    infos.append(summarize(part))
+    parts.append(client.scatter(part))
+    return ids["user"]
+
+
 def _index(config: PrepareConfig, client: Any, parts: list[Any],
-           infos: list[dict[str, Any]]) -> _Indexed:  # fmt: skip
+           infos: list[dict[str, Any]], held_users: Any = None) -> _Indexed:  # fmt: skip
     """Dictionaries, the one shuffle into buckets of users, dedup, then --min-interactions."""
     user_ids = dictionary([i["users"] for i in infos])
     item_ids = dictionary([i["items"] for i in infos])
+    if held_users is not None:
+        check_holdout(config, codes(held_users, user_ids), user_ids, get_backend("cpu"))
     n_u, n_i = len(user_ids), len(item_ids)
     n_buckets = min(config.buckets or default_buckets(sum(i["n_rows"] for i in infos), n_u), n_u)
     pre = [b * n_u // n_buckets for b in range(n_buckets + 1)]

@@ -60,6 +60,7 @@ from ncfcli.data.buckets import (
 )
 from ncfcli.data.config import SYNTHETIC, PrepareConfig  # PrepareConfig: imported from here too
 from ncfcli.data.engines import choose_engine
+from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted, dense_codes, take
 from ncfcli.data.record import (  # noqa: F401  (TIE_RULE, ...: read from here too)
     ID_ORDER,
@@ -250,18 +251,11 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
 
 def with_holdout(config: PrepareConfig, backend: Backend, user: Any, item: Any, ts: Any,
                  source: dict[str, Any]) -> tuple[Any, Any, Any, int]:  # fmt: skip
-    """`--test FILE`: its (user, item) rows appended to the training rows, timed one after the
-    latest training time, so the split's "latest item" is each user's supplied item (and a pair
-    also in training collapses into the held-out one). Records the file in `source`."""
-    from ncfcli.data import raw
-
+    """`--test FILE` (holdout.py): its (user, item) rows appended to the training rows, timed
+    one after the latest training time. Records the file in `source`."""
     xp = backend.xp
-    cols = raw.Columns(config.user_col, config.item_col, None, None, config.sep)
-    assert config.test is not None
-    held = raw.read_path(config.test, backend, cols, need_rating=False, need_time=False)
-    source["test"] = {"path": held.source["path"], "sha256": held.source["sha256"],
-                      "rows": held.n_rows}  # fmt: skip
-    after = host_int(ts.max(), xp) + 1 if len(ts) else 0
+    held, source["test"] = read_holdout(config, backend)
+    after = after_latest(host_int(ts.max(), xp) if len(ts) else None)
     stamps = xp.full(held.n_rows, after, dtype=xp.int64)
     return (_append(user, held.user, "user", config, backend),
             _append(item, held.item, "item", config, backend),
@@ -272,27 +266,12 @@ def _append(ids: Any, more: Any, role: str, config: PrepareConfig, backend: Back
     """Training ids then the held-out file's, both numbers or both text."""
     xp = backend.xp
     text = [not isinstance(a, xp.ndarray) for a in (ids, more)]
-    if text[0] != text[1]:
-        kinds = ["text" if t else "numbers" for t in text]
-        raise NcfError(f"{config.test}: its {role} ids are {kinds[1]}, {config.source}'s are "
-                       f"{kinds[0]}: the two files must name {role}s the same way")  # fmt: skip
+    check_kinds(config, role, text[0], text[1])
     if text[0]:
         import pyarrow as pa
 
         return pa.concat_arrays([ids.cast(pa.string()), more.cast(pa.string())])
     return xp.concatenate([ids.astype(xp.int64), more.astype(xp.int64)])
-
-
-def check_holdout(config: PrepareConfig, test_codes: Any, user_ids: Any, backend: Backend) -> None:
-    """Every user has exactly one row in --test's file."""
-    xp = backend.xp
-    per_user = xp.bincount(test_codes, minlength=len(user_ids))
-    for bad, why in ((per_user > 1, "has {n} rows in {f}: a held-out file has one per user"),
-                     (per_user == 0, "has no row in {f}: every user needs a held-out item")):  # fmt: skip
-        if host_int(bad.sum(), xp):
-            u = host_int(xp.argmax(bad), xp)
-            n = host_int(per_user[u], xp)
-            raise NcfError(f"user {raw_scalar(user_ids[u])!r} " + why.format(n=n, f=config.test))
 
 
 def _keep_rated(config: PrepareConfig, data: Any, backend: Backend) -> tuple[Any, Any, Any, int]:
