@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import MISSED, REPO, find_ml100k, machine, ncf, ncf_env
+from _common import MISSED, REPO, find_ml100k, machine, ncf, ncf_env, spread
 
 BEAUTY = REPO.parent / "shared" / "data" / "beauty" / "beauty.csv"
 LANES = {"ncf": [], "base": ["--models", "itemknn,ease,als,pop"]}
@@ -93,10 +93,6 @@ def row(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.4f} ({min(values):.4f}-{max(values):.4f})"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="+", default=["ml-100k", "beauty"],
@@ -134,7 +130,7 @@ def main() -> None:
                 ok = lead >= args.margin
                 if not ok:
                     missed.append(f"{name} {key}")
-                print(f"  {key:<16} ncf {spread(ncf_v)}  baselines {spread(base_v)}  "
+                print(f"  {key:<16} ncf {spread(ncf_v, '{:.4f}')}; baselines {spread(base_v, '{:.4f}')}; "
                       f"lead {lead:+.4f} {'met' if ok else 'MISSED'}")  # fmt: skip
         print(
             f"target: ncf tune leads the tuned baselines by {args.margin} on every figure: "

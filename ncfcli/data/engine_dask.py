@@ -448,22 +448,18 @@ def _with_holdout(config: PrepareConfig, client: Any, parts: list[Any],
     rows are timed one after the latest training time at the column's longest fraction, as
     the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
     held, source["test"] = read_holdout(config, get_backend("cpu"))
-    kinds = {}
+    kinds, ids = {}, {}
     for role in ("user", "item"):
-        ids = getattr(held, role)
-        held_text = not isinstance(ids, np.ndarray)
-        train_text = any(i["kinds"][role] == "str" for i in infos)
-        check_kinds(config, role, train_text, held_text)
-        kinds[role] = "str" if held_text else "int"
+        raw_ids = getattr(held, role)
+        text = not isinstance(raw_ids, np.ndarray)
+        check_kinds(config, role, any(i["kinds"][role] == "str" for i in infos), text)
+        kinds[role] = "str" if text else "int"
+        ids[role] = (
+            values.to_arrow_strings(raw_ids) if text else raw_ids.astype(np.int64, copy=False)
+        )
     top = max(i["digits"] for i in infos)
     latest = [i["ts_max"] * 10 ** (top - i["digits"]) for i in infos if i["ts_max"] is not None]
     ts = np.full(held.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
-    ids = {r: getattr(held, r) for r in ("user", "item")}
-    for role, ids_of in ids.items():
-        if kinds[role] == "int":
-            ids[role] = ids_of.astype(np.int64, copy=False)
-        else:
-            ids[role] = values.to_arrow_strings(ids_of)
     part = Part(ids["user"], ids["item"], ts, 0, 0, kinds, digits=top)
     infos.append(summarize(part))
     parts.append(client.scatter(part))
