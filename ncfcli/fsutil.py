@@ -129,17 +129,20 @@ def _is_ncf_temp(name: str) -> bool:
     )
 
 
+def read_json_record(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON object ncf wrote, or {} when it is missing, unreadable or not an object (a record
+    of ncf's own, not a user's input: a user's file that fails to read is an error instead)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
     """The record in `folder`, or None when there is none (or it is not ncf's)."""
-    try:
-        data = json.loads((Path(folder) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    ok = (
-        isinstance(data, dict)
-        and data.get("kind") in KINDS
-        and isinstance(data.get("entries"), list)
-    )
+    data = read_json_record(Path(folder) / MARKER)
+    ok = data.get("kind") in KINDS and isinstance(data.get("entries"), list)
     return data if ok else None
 
 

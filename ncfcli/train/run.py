@@ -22,6 +22,7 @@ from ncfcli.errors import NcfError
 from ncfcli.fsutil import (
     atomic_write_text,
     check_out_dir,
+    read_json_record,
     read_marker,
     remove_output,
     write_marker,
@@ -88,15 +89,6 @@ def default_run_dir(data_dir: str) -> str:
     return str(Path("runs") / f"{Path(data_dir).resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`, or {} when it is missing or unreadable (a record, not input)."""
-    try:
-        out = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return out if isinstance(out, dict) else {}
-
-
 def check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
     """Refuse an --out that is not new, empty or (with --overwrite) ncf's own earlier run;
     True when an earlier run is to be replaced."""
@@ -154,7 +146,7 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
         if s.probed is not None:
             config["recency_probe"] = s.probed.to_dict()
         elif s.resumed:  # the probe ran when the run started: its record stays
-            kept = _read_json(run_dir / ckpt.CONFIG).get("recency_probe")
+            kept = read_json_record(run_dir / ckpt.CONFIG).get("recency_probe")
             if kept is not None:
                 config["recency_probe"] = kept
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")

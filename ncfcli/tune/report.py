@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_write_text, record_written
+from ncfcli.fsutil import atomic_write_text, read_json_record, record_written
 from ncfcli.tune import space
 from ncfcli.tune.search import SPENT, TRIALS_DIR, _optuna
 
@@ -81,7 +81,7 @@ def _importance(optuna: Any, study: Any, params: list[str]) -> dict[str, float]:
 
 def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) -> dict[str, Any]:
     """The chosen run (tested once), then the report files; returns the report."""
-    old = _read(tune_dir / REPORT)
+    old = read_json_record(tune_dir / REPORT)
     states = _optuna().trial.TrialState
     # Trials that had ended when the best was chosen: only their runs may be removed (another
     # process sharing the study may be training one right now, or about to report it).
@@ -143,14 +143,6 @@ def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) 
         d = tune_dir / TRIALS_DIR / f"{number:05d}"
         if (d / "config.json").is_file():
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
