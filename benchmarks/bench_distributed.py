@@ -12,14 +12,16 @@ difference against the same target, and the training rows each worker held.
 
 Weak scaling (`--scaling-device cuda|cpu --scaling-data DIR`): samples/s of one epoch for 1,
 2, 4, ... GPUs (cuda; target >= 90% efficiency at 8, next to NVIDIA's 8x A100 figures) or for
-1 and 2 CPU workers (cpu: a smoke run of the same code path). Every figure comes from `ncf
-train --json`; the exit status is 1 when a target is missed.
+1 and 2 CPU workers (cpu: a smoke run of the same code path); `--scaling-flags "..."` adds
+`ncf train` flags to each of those runs. Every figure comes from `ncf train --json`; the exit
+status is 1 when a target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -109,8 +111,9 @@ def bench_scaling(work: Path, args: argparse.Namespace) -> bool:
     else:
         counts, where = [1, 2], f"CPU workers, {machine()}"
     flags = ["--scaling", "weak", "--batch-size", str(args.scaling_batch), "--epochs", "1",
-             "--seed", "0"] + (["--amp"] if args.amp else [])  # fmt: skip
-    print(f"weak scaling on {where}: {args.scaling_batch} samples per worker per step", flush=True)
+             "--seed", "0"] + (["--amp"] if args.amp else []) + shlex.split(args.scaling_flags)  # fmt: skip
+    print(f"weak scaling on {where}: {args.scaling_batch} samples per worker per step"
+          + (f", {args.scaling_flags}" if args.scaling_flags else ""), flush=True)  # fmt: skip
     base, ok = None, True
     for c in counts:
         launch = ["--gpus", str(c)] if args.scaling_device == "cuda" else ["--nproc", str(c)]
@@ -120,7 +123,9 @@ def bench_scaling(work: Path, args: argparse.Namespace) -> bool:
         sps = r["samples_per_second"]
         base = base or sps
         eff = sps / (c * base)
-        line = f"  {c:2d} worker(s) {sps / 1e6:8.3f}M samples/s  efficiency {eff:6.1%}"
+        negs = json.loads((work / f"scale{c}" / "config.json").read_text())["train"]["neg_per_pos"]
+        line = (f"  {c:2d} worker(s) {sps / 1e6:8.3f}M samples/s  efficiency {eff:6.1%}  "
+                f"({negs} negatives)")  # fmt: skip
         if args.scaling_device == "cuda" and c == 8:
             ok = eff >= EFFICIENCY_TARGET
             line += "  " + verdict(ok, f">= {EFFICIENCY_TARGET:.0%} at 8 GPUs")
@@ -154,6 +159,9 @@ def main() -> int:
     parser.add_argument("--scaling-data", type=Path, help="prepared dataset for weak scaling")
     parser.add_argument("--scaling-batch", type=int, default=1 << 17, help="per-worker batch")
     parser.add_argument("--amp", action="store_true", help="weak scaling with --amp")
+    parser.add_argument(
+        "--scaling-flags", default="", help="more ncf train flags for every weak-scaling run"
+    )
     args = parser.parse_args()
     if args.repeat < 1:
         parser.error(f"--repeat must be >= 1, got {args.repeat}")

@@ -11,6 +11,7 @@ median HR@10 (sampled) is more than --tolerance (0.01) below the default batch's
 
     python benchmarks/bench_large_batch.py --seeds 0 1 2 --nproc 4 8
     python benchmarks/bench_large_batch.py --extra "--lr 0.004"   # the lr as given, no rule
+    python benchmarks/bench_large_batch.py --common "--neg-per-pos 4"  # every run, default too
 
 `--prepared DIR` runs the same comparison on any prepared dataset, against its size tier's
 default batch: on the ml-20m synthetic preset (what benchmarks/device_check.sh runs on a GPU),
@@ -46,6 +47,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="*", default=[1 << 16, 1 << 17])
     p.add_argument("--nproc", type=int, nargs="*", default=[4], help="weak-scaling worker counts")
     p.add_argument("--extra", default="", help="flags added to every large-batch run")
+    p.add_argument("--common", default="", help="flags added to every run, the default batch's too")
     p.add_argument("--tolerance", type=float, default=0.01)
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--no-default", action="store_true", help="skip the default-batch runs")
@@ -57,8 +59,9 @@ def main() -> None:
     p.add_argument("--device", default="cpu", help="--device of every run and evaluation")
     p.add_argument("--sampled-only", action="store_true", help="skip full-ranking evaluation")
     a = p.parse_args()
-    print(machine(), flush=True)
+    print(machine() + (f"; every run: {a.common}" if a.common else ""), flush=True)
     common = ["--device", a.device] + (["--epochs", str(a.epochs)] if a.epochs else [])
+    common += shlex.split(a.common)
     common += ["--model", a.model] if a.model else []
     micro = ["--micro-batch", str(a.micro_batch)] if a.micro_batch else []
     configs: list[tuple[str, list[str]]] = [] if a.no_default else [("default batch", [])]
@@ -82,11 +85,12 @@ def main() -> None:
                 t0 = time.perf_counter()
                 res = ncf_json("train", str(data), "--seed", str(seed), "--out", str(run),
                                *common, *flags, *extra)  # fmt: skip
-                lr = json.loads((run / "config.json").read_text())["train"]["lr"]
+                resolved = json.loads((run / "config.json").read_text())["train"]
+                lr, negs = resolved["lr"], resolved["neg_per_pos"]
                 val = held_out_metrics(run, "validation", protocols, a.device)
                 row = held_out_metrics(run, "test", protocols, a.device)
                 results.setdefault(name, []).append(row)
-                print(f"{name} {' '.join(extra)} seed {seed}: lr {lr:.4g}, epoch {res['best_epoch']}/"
+                print(f"{name} {' '.join(extra)} seed {seed}: lr {lr:.4g}, {negs} negatives, epoch {res['best_epoch']}/"
                       f"{res['epochs']} chosen on validation, {time.perf_counter() - t0:.0f} s; "
                       "validation " + " ".join(f"{k} {x:.4f}" for k, x in val.items())
                       + "; test " + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip

@@ -6,7 +6,7 @@ every step on small synthetic data; here it runs as a fresh checkout would run i
 console script on PATH, the interpreter given as $PYTHON. Every planned step must end `OK`,
 and no step may end FAILED or SKIPPED. A test that pytest skips inside the tests step (the
 CuPy API check where CuPy's wheel is not installed, as after the README's install) is listed
-by `-rs` but is not a step's verdict, so it does not fail the run. About a minute on 2 idle
+by `-rs` but is not a step's verdict, so it does not fail the run. About two minutes on 2 idle
 cores.
 
 The GPU plan's step limits must fit its budget (`--plan` prints them without running
@@ -74,6 +74,10 @@ def test_device_check_cpu_smoke_run_completes_every_step(tmp_path: Path) -> None
     # the figures the README promises, printed from each step's own output
     for figure in ("samples/s", "full ranking, 943 users", "max abs diff", "efficiency"):
         assert figure in summary, figure
+    # the CPU smoke's lighter large-batch and scaling runs: the flag reaches every ncf train
+    large = (out / "large-batch.out").read_text()
+    assert large.count(", 4 negatives, epoch") == 2, large
+    assert summary.count("(4 negatives)") == 2, summary
 
 
 def test_the_gpu_plan_fits_its_budget() -> None:
