@@ -56,6 +56,11 @@ def ncf_json(*args: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def trained_settings(run: Path) -> dict:
+    """The `ncf train` settings a finished run resolved (its config.json's "train" record)."""
+    return json.loads((Path(run) / "config.json").read_text())["train"]
+
+
 def find_ml100k(given: str | None) -> Path:
     """u.data (or the zip) of MovieLens-100K: --data, else the ncf cache, else ../shared."""
     if given:

@@ -31,7 +31,6 @@ last epoch scored).
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import MISSED, find_ml100k, machine, ncf_json
+from _common import MISSED, find_ml100k, machine, ncf_json, trained_settings
 
 from ncfcli.data.raw import extract_ratings, find_ratings_file
 from ncfcli.fsutil import atomic_path
@@ -242,7 +241,7 @@ def main() -> None:
                       + " ".join(f"{k} {x:.4f}" for k, x in row.items()), flush=True)  # fmt: skip
             s = summary(rows)
             weighted = None
-            recipe = json.loads((run / "config.json").read_text())["train"]
+            recipe = trained_settings(run)
             if als is not None and recipe.get("recency_weight"):
                 extra = ("--recency-weight", str(recipe["recency_weight"]),
                          "--recency-span", str(recipe["recency_span"]))  # fmt: skip

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import MISSED, find_ml100k, machine, ncf, spread, verdict
+from _common import MISSED, find_ml100k, machine, ncf, spread, trained_settings, verdict
 
 NVIDIA_8X_A100 = {"tf32": 110.2e6, "amp": 142.9e6}  # samples/s, their README (PyTorch, ml-20m)
 HR_TARGET = 0.01
@@ -119,11 +119,12 @@ def bench_scaling(work: Path, args: argparse.Namespace) -> bool:
         launch = ["--gpus", str(c)] if args.scaling_device == "cuda" else ["--nproc", str(c)]
         if c == 1:
             launch = ["--device", args.scaling_device]
-        r = train(args.scaling_data, work / f"scale{c}", [*flags, *launch])
+        run = work / f"scale{c}"
+        r = train(args.scaling_data, run, [*flags, *launch])
         sps = r["samples_per_second"]
         base = base or sps
         eff = sps / (c * base)
-        negs = json.loads((work / f"scale{c}" / "config.json").read_text())["train"]["neg_per_pos"]
+        negs = trained_settings(run)["neg_per_pos"]
         line = (f"  {c:2d} worker(s) {sps / 1e6:8.3f}M samples/s  efficiency {eff:6.1%}  "
                 f"({negs} negatives)")  # fmt: skip
         if args.scaling_device == "cuda" and c == 8:

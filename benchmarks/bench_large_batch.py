@@ -29,7 +29,6 @@ On a CPU, where NVIDIA's NeuMF takes about 27 minutes an ml-20m epoch on 2 cores
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -37,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MISSED, machine, ncf_json
+from _common import MISSED, machine, ncf_json, trained_settings
 from bench_accuracy import held_out_metrics, prepare
 
 
@@ -85,7 +84,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 res = ncf_json("train", str(data), "--seed", str(seed), "--out", str(run),
                                *common, *flags, *extra)  # fmt: skip
-                resolved = json.loads((run / "config.json").read_text())["train"]
+                resolved = trained_settings(run)
                 lr, negs = resolved["lr"], resolved["neg_per_pos"]
                 val = held_out_metrics(run, "validation", protocols, a.device)
                 row = held_out_metrics(run, "test", protocols, a.device)
