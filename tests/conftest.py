@@ -1,7 +1,12 @@
-"""Shared fixtures: tiny prepared datasets made on the spot (a user's checkout has no ../shared)."""
+"""Shared fixtures: tiny prepared datasets made on the spot (a user's checkout has no ../shared).
+
+The README's test command runs the suite on pytest-xdist workers (`-n auto --dist worksteal`):
+the tests marked `slow` are dealt out so that every worker starts on long ones
+(`deal_for_workers`). Every test also runs alone and in one process (`python -m pytest -q`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,14 +32,56 @@ def prepared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _tiny_prepared(tmp_path_factory.mktemp("data") / "tiny")
 
 
+MAX_WORKERS = 8  # `-n auto` beyond this buys little: most slow tests are a few subprocesses
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`pytest -n auto` (the README's test command): one worker per CPU, at most MAX_WORKERS,
+    so a 64-core GPU box does not start 64 CUDA contexts on one GPU."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_WORKERS, cpus or 1))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` run where CuPy and torch see a GPU (the Docker image, a GPU box) and
-    are skipped, with the reason shown, everywhere else."""
+    are skipped, with the reason shown, everywhere else. On xdist workers the tests are dealt
+    out first (`deal_for_workers`)."""
     from ncfcli import backend
 
+    items[:] = deal_for_workers(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     if backend.cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU visible to both CuPy and torch")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def deal_for_workers(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The tests in the order `--dist worksteal` should get them on `workers` workers.
+
+    worksteal hands each worker an even, contiguous share of the list at the start, and an idle
+    worker later takes the back half of the busiest one's queue. So each file's `slow` tests
+    (an end-to-end run each, or the tests that read one expensive module fixture) are kept
+    together, the files dealt round-robin to the fronts of the shares, and the short tests fill
+    the shares up: every worker starts on long work, the short tests are what moves at the end,
+    and a module fixture is built on one worker only. On one worker: the slow tests first."""
+    slow: dict[str, list[pytest.Item]] = {}
+    fast: list[pytest.Item] = []
+    for item in items:
+        if "slow" in item.keywords:
+            slow.setdefault(item.nodeid.split("::")[0], []).append(item)
+        else:
+            fast.append(item)
+    shares: list[list[pytest.Item]] = [[] for _ in range(max(1, workers))]
+    for i, group in enumerate(slow.values()):
+        shares[i % len(shares)].extend(group)
+    left = len(items)
+    for k, share in enumerate(shares):  # worksteal's sizes: what is left over the workers left
+        size = left // (len(shares) - k)
+        take = max(0, size - len(share))
+        share.extend(fast[:take])
+        del fast[:take]
+        left -= len(share)
+    shares[-1].extend(fast)
+    return [item for share in shares for item in share]

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 STEPS = ("machine", "tests", "prepare", "prepare-dask", "train-tf32", "eval-full",
          "eval-sampled", "export", "recommend", "refit", "order", "large-batch",
@@ -41,6 +43,7 @@ def _path_without_ncf() -> str:
     return os.pathsep.join(keep)
 
 
+@pytest.mark.slow
 def test_device_check_cpu_smoke_run_completes_every_step(tmp_path: Path) -> None:
     path = _path_without_ncf()
     assert shutil.which("ncf", path=path) is None

@@ -325,6 +325,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 RUN_PAGES = [p for p in PAGES if runnable(p)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", RUN_PAGES, ids=lambda p: p.name)
 def test_the_pages_commands_run(page: Path, workspace: Path, tmp_path: Path) -> None:
     root = tmp_path / "root"

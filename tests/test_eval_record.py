@@ -88,5 +88,5 @@ def test_an_unreadable_eval_json_is_left_alone(run: Path) -> None:
     res = ncf_eval(run, "--k", 10, "--json")
     assert res.exit_code == 0, res.output  # the result is still printed
     assert json.loads(res.stdout)["metrics"]["hr@10"] >= 0
-    assert "left alone" in res.stderr
+    assert "left alone" in " ".join(res.stderr.split())  # Rich wraps at the path's length
     assert (run / "eval.json").read_text() == "my notes, not JSON"

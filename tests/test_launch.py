@@ -296,6 +296,7 @@ def printed(run: Path) -> dict:
     return json.loads(run.with_name(run.name + RESULT).read_text())
 
 
+@pytest.mark.slow
 def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
     last_one, last_two = history(runs["one"])[-1], history(runs["two"])[-1]
     for split in ("validation", "test"):
@@ -308,6 +309,7 @@ def test_two_workers_match_one_process(runs: dict[str, Path]) -> None:
     assert last_two["loss"] == pytest.approx(last_one["loss"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_two_workers_keep_the_optimizer_state_of_one_process(runs: dict[str, Path]) -> None:
     """Adam's first moment is a running mean of the gradients themselves, so it sees their
     scale, which Adam's steps do not (m / sqrt(v) cancels it): gradients averaged over the
@@ -327,6 +329,7 @@ def test_two_workers_keep_the_optimizer_state_of_one_process(runs: dict[str, Pat
             assert (b - a).norm() <= 1e-3 * a.norm(), (k, moment, float(b.norm() / a.norm()))
 
 
+@pytest.mark.slow
 def test_samples_per_second_counts_every_rank(runs: dict[str, Path], prepared_dir: Path) -> None:
     """samples/s x seconds = the samples all ranks trained: per epoch (metrics.jsonl) and for
     the run (`--json`). With W ranks of a batch b, an epoch's N samples are trained but for
@@ -349,6 +352,8 @@ def test_samples_per_second_counts_every_rank(runs: dict[str, Path], prepared_di
         ), name
 
 
+@pytest.mark.slow
+@pytest.mark.slow
 def test_two_workers_in_micro_batches_match_one_process(
     runs: dict[str, Path], prepared_dir: Path, tmp_path: Path
 ) -> None:
@@ -365,6 +370,7 @@ def test_two_workers_in_micro_batches_match_one_process(
     assert micro["loss"] == pytest.approx(one["loss"], rel=1e-3)
 
 
+@pytest.mark.slow
 def test_evaluation_split_over_ranks_equals_one_process(runs: dict[str, Path]) -> None:
     # the 2-rank evaluation of the last epoch (sums reduced over ranks) against a 1-process
     # evaluation of the very same weights
@@ -382,6 +388,7 @@ def test_evaluation_split_over_ranks_equals_one_process(runs: dict[str, Path]) -
 @pytest.mark.parametrize(
     ("first", "then"), [("two", ["--device", "cpu"]), ("one", ["--nproc", "2"])]
 )
+@pytest.mark.slow
 def test_resume_on_another_world_size(runs: dict[str, Path], tmp_path: Path, first: str,
                                       then: list[str], prepared_dir: Path) -> None:  # fmt: skip
     run = tmp_path / "run"
@@ -397,6 +404,7 @@ def test_resume_on_another_world_size(runs: dict[str, Path], tmp_path: Path, fir
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker through /proc")
+@pytest.mark.slow
 def test_killed_worker_ends_the_real_run_with_its_error(prepared_dir: Path, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
     env["NCF_LAUNCH_GRACE"] = "2"

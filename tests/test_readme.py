@@ -51,6 +51,7 @@ def _steps(block: str) -> tuple[str, list[str]]:
     return first, rest
 
 
+@pytest.mark.slow
 def test_the_quickstart_line_runs(tmp_path: Path) -> None:
     _, steps = _steps(BLOCKS[0])
     env = _env(tmp_path)
@@ -97,7 +98,7 @@ def test_the_quickstart_line_runs(tmp_path: Path) -> None:
 def test_the_test_command_is_what_ci_runs() -> None:
     # The command itself is running right now (this suite); CI must run the same lines.
     install, steps = _steps(BLOCKS[1])
-    assert steps == ["python -m pytest -q"]
+    assert steps == ["python -m pytest -q -n auto --dist worksteal"]
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert install in ci and steps[0] in ci  # whole lines of the CI script, not fragments
 
@@ -114,6 +115,7 @@ def test_the_lint_commands_run() -> None:
             assert result.returncode == 0, f"{step}\n{result.stdout}{result.stderr}"
 
 
+@pytest.mark.slow
 def test_examples_quickstart_runs(tmp_path: Path) -> None:
     work = tmp_path / "work"
     result = subprocess.run(["bash", str(ROOT / "examples" / "quickstart.sh"), str(work), *TINY],
@@ -150,6 +152,7 @@ def _example_on_a_ratings_file(tmp_path: Path, script: str) -> tuple[list[dict],
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")], work
 
 
+@pytest.mark.slow
 def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
     reports, work = _example_on_a_ratings_file(tmp_path, "movielens.sh")
     assert [r["protocol"] for r in reports] == ["sampled (100 negatives)", "full ranking"]
@@ -158,6 +161,7 @@ def test_examples_movielens_runs_on_a_ratings_file(tmp_path: Path) -> None:
     assert (work / "runs" / "u" / "eval.json").is_file()
 
 
+@pytest.mark.slow
 def test_examples_refit_and_serve_scores_the_refit_and_serves_unseen_items(tmp_path: Path) -> None:
     reports, work = _example_on_a_ratings_file(tmp_path, "refit_and_serve.sh")
     run, refit, sampled, full, export, recs = reports
@@ -174,6 +178,7 @@ def test_examples_refit_and_serve_scores_the_refit_and_serves_unseen_items(tmp_p
     assert not rated & {(int(u), int(i)) for u, i in zip(table["user"], table["item"], strict=True)}
 
 
+@pytest.mark.slow
 def test_examples_ncf_paper_pretrains_neumf_from_gmf_and_mlp(tmp_path: Path) -> None:
     reports, work = _example_on_a_ratings_file(tmp_path, "ncf_paper.sh")
     assert len(reports) == 3 and all(set(r["metrics"]) == {"hr@10", "ndcg@10"} for r in reports)

@@ -173,6 +173,7 @@ def auto_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return run, json.loads(res.stdout), res.stderr
 
 
+@pytest.mark.slow
 def test_each_rank_holds_its_buckets_about_half(auto_run: tuple, data_dir: Path) -> None:
     run, printed, stderr = auto_run
     meta = read_meta(data_dir)
@@ -190,6 +191,7 @@ def test_each_rank_holds_its_buckets_about_half(auto_run: tuple, data_dir: Path)
     assert sum(got["rank_users"]) == meta["n_users"]
 
 
+@pytest.mark.slow
 def test_shard_metrics_equal_one_process_eval(auto_run: tuple, data_dir: Path) -> None:
     """Each rank scores its own users; the integer sums reduced over the ranks, then divided,
     are exactly a one-process `ncf eval` of the same weights (the run dir is the usual one)."""
@@ -202,6 +204,7 @@ def test_shard_metrics_equal_one_process_eval(auto_run: tuple, data_dir: Path) -
         assert single["metrics"] == last[split] and single["users"] > 0
 
 
+@pytest.mark.slow
 def test_a_shard_run_resumes(auto_run: tuple, data_dir: Path, tmp_path: Path) -> None:
     import shutil
 

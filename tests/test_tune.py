@@ -102,6 +102,7 @@ def test_a_stopped_tune_resumes_where_it_stopped(data: Path, tmp_path: Path) -> 
     assert len(_study(out).get_trials()) == len(trials), "a finished tune ran more trials"
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_study(data: Path, tmp_path: Path) -> None:
     """Two `ncf tune` processes on one directory at once, each with a few seconds of budget:
     both add trials to the one study (none is lost or numbered twice)."""

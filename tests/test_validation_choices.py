@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
@@ -49,6 +50,7 @@ def test_a_baseline_without_settings_is_chosen_on_validation(
         assert json.loads(res.stdout)["metrics"] == out["metrics"]
 
 
+@pytest.mark.slow
 def test_eval_every_scores_every_kth_epoch_and_the_last(prepared_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "every"
     res = ncf("train", prepared_dir, "--out", run, "--epochs", 5, "--eval-every", 2, "--device",
