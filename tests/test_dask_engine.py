@@ -169,3 +169,24 @@ def test_killed_worker_is_one_line_and_out_untouched(tmp_path: Path,
     assert "worker died" in text and "--memory-limit" in text, text
     assert json.loads((first / "meta.json").read_text()) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_dask_dashboard_already_on_8787_gets_no_warning(tmp_path: Path) -> None:
+    """A user's own Dask cluster holds 8787; the engine's local cluster must not reach for it
+    (distributed warns "Port 8787 is already in use" in the middle of ncf's output)."""
+    import socket
+    import warnings
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        holder.bind(("", 8787))
+        holder.listen()
+    except OSError:
+        pass  # something else holds it already: the same situation
+    with holder, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = ncf("synthetic", "--users", 60, "--items", 40, "--rows", 600, "--eval-negatives", 5,
+                  "--engine", "dask", "--workers", 1, "--out", tmp_path / "out")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert not [str(w.message) for w in seen if "8787" in str(w.message)]

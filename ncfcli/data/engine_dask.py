@@ -283,18 +283,22 @@ def _client(config: PrepareConfig, backend: Backend, scratch: Path) -> Iterator[
             yield client
         return
     memory = _parse_memory(config.memory_limit)
+    # The scheduler's HTTP server (health, metrics) binds a port even with the dashboard off:
+    # distributed's default is 8787, the user's own Dask dashboard's, where it warns "Port 8787
+    # is already in use" in the middle of the command's output. ":0" takes any free port.
+    http = ":0"
     if backend.is_cuda:
         # dask-cuda: one worker process per visible GPU, each pinned to its GPU.
         from dask_cuda import LocalCUDACluster
 
         cluster = LocalCUDACluster(n_workers=config.workers, memory_limit=memory or "auto",
-                                   local_directory=str(scratch), dashboard_address=None,
+                                   local_directory=str(scratch), dashboard_address=http,
                                    enable_cudf_spill=True, silence_logs=logging.ERROR)  # fmt: skip
     else:
         workers = config.workers or os.cpu_count() or 1
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                memory_limit=memory or "auto", local_directory=str(scratch),
-                               dashboard_address=None, scheduler_kwargs={"dashboard": False},
+                               dashboard_address=http, scheduler_kwargs={"dashboard": False},
                                silence_logs=logging.ERROR)  # fmt: skip
     with cluster, Client(cluster) as client:
         yield client
