@@ -38,8 +38,9 @@ MAX_WORKERS = 8  # `-n auto` beyond this buys little: most slow tests are a few 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`pytest -n auto` (the README's test command): one worker per CPU, at most MAX_WORKERS,
     so a 64-core GPU box does not start 64 CUDA contexts on one GPU."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(MAX_WORKERS, cpus or 1))
+    from ncfcli.launch import cpu_count
+
+    return min(MAX_WORKERS, cpu_count())
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
