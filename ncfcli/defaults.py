@@ -46,7 +46,7 @@ BASE: dict[str, Any] = {
     "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
     "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
     "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
-    "eval_every": 1,
+    "eval_every": 1, "select_metric": "hr@10",
     "keep_checkpoints": 3,
 }  # fmt: skip
 

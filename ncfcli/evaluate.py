@@ -159,7 +159,8 @@ def evaluate(
     from ncfcli.metrics import (
         FULL,
         TIE_RULE,
-        full_ranks,
+        full_split,
+        full_split_ranks,
         metric_sums,
         sampled_ranks,
         sums_to_metrics,
@@ -187,22 +188,11 @@ def evaluate(
     prev = backend.to_torch(data.context(cfg.split, xp)).to(device) if uses_order(model) else None
     with torch.no_grad():
         if cfg.full_ranking:
-            # Ranks users by contiguous id ranges; a user without a validation item is scored
-            # with a stand-in item and dropped before counting.
             start, end = env.shard(data.n_users)
-            users = backend.to_torch(users_np).to(device).long()
-            held = torch.zeros(data.n_users, dtype=torch.int32, device=device)
-            held[users] = backend.to_torch(held_np).to(device)
-            has = torch.zeros(data.n_users, dtype=torch.bool, device=device)
-            has[users] = True
-            offsets_np, seen_np = data.known_positives(cfg.split, xp)
-            offsets = backend.to_torch(offsets_np).to(device)
-            seen = backend.to_torch(seen_np).to(device)
             # Ranks past max(K) count the same (metric_sums clamps there): a user leaves the
             # scoring once max(K) candidates beat their positive.
-            ranks = full_ranks(model, start, end, data.n_items, offsets, seen, held, rows, prev,
-                               cap=max(cfg.ks))  # fmt: skip
-            ranks = ranks[has[start:end]]
+            fs = full_split(data, cfg.split, backend, prev)
+            ranks = full_split_ranks(model, fs, start, end, rows, max(cfg.ks))
         else:
             start, end = env.shard(int(users_np.shape[0]))
             users = backend.to_torch(users_np).to(device)[start:end].long()

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -291,6 +293,48 @@ def full_ranks(
         ranks = masked_ranks(scores, test_items[s:e])
         out.append(ranks if cap is None else ranks.clamp(max=cap))
     return torch.cat(out)
+
+
+@dataclass(frozen=True)
+class FullSplit:
+    """One held-out split's full-ranking inputs on the device, every user's (`full_split`):
+    held int32 [n_users], the held-out item by dense user id (0 where the user has none);
+    has bool [n_users], whether the user has one; offsets int64 [n_users + 1] and seen, the
+    user's known positives in CSR form (PreparedData.known_positives); prev int32 [n_users],
+    the order term's context (PreparedData.context), or None for a model without one."""
+
+    n_items: int
+    held: torch.Tensor
+    has: torch.Tensor
+    offsets: torch.Tensor
+    seen: torch.Tensor
+    prev: torch.Tensor | None
+
+
+def full_split(data: Any, split: str, backend: Any, prev: torch.Tensor | None) -> FullSplit:
+    """`split`'s full-ranking inputs of PreparedData `data`, on `backend`'s torch device;
+    `prev`: data.context(split) there, for a model with an order term, else None."""
+    device, xp = backend.torch_device, backend.xp
+    users_np, held_np, _ = data.held_out(split, xp)
+    users = backend.to_torch(users_np).to(device).long()
+    held = torch.zeros(data.n_users, dtype=torch.int32, device=device)
+    held[users] = backend.to_torch(held_np).to(device)
+    has = torch.zeros(data.n_users, dtype=torch.bool, device=device)
+    has[users] = True
+    offsets_np, seen_np = data.known_positives(split, xp)
+    return FullSplit(data.n_items, held, has, backend.to_torch(offsets_np).to(device),
+                     backend.to_torch(seen_np).to(device), prev)  # fmt: skip
+
+
+def full_split_ranks(
+    model: torch.nn.Module, fs: FullSplit, start: int, end: int, max_rows: int, cap: int
+) -> torch.Tensor:
+    """The full-ranking ranks (capped at `cap`) of users [start, end) that have a held-out
+    item: users are ranked by contiguous id ranges, one without an item with a stand-in item
+    and dropped before counting."""
+    ranks = full_ranks(model, start, end, fs.n_items, fs.offsets, fs.seen, fs.held, max_rows,
+                       fs.prev, cap=cap)  # fmt: skip
+    return ranks[fs.has[start:end]]
 
 
 def popular_first(train_items: torch.Tensor, n_items: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.train.config import PARTNER, selection_key
 
 DATASET, RUN = "dataset", "run"
 
@@ -129,20 +130,18 @@ def _chosen(row: dict[str, Any]) -> dict[str, Any]:
     return row.get("validation") or row.get("test") or flat
 
 
-def _key(scores: dict[str, Any]) -> tuple[float, float]:
-    return (float(scores.get("hr@10", 0.0)), float(scores.get("ndcg@10", 0.0)))
-
-
 def run_report(folder: Path) -> dict[str, Any]:
     config = _read_json(folder / "config.json")
     history = _history(folder)
-    # As train/evaluation.py picks: validation HR@10 then NDCG@10 (test without a validation split);
-    # the first epoch wins a tie. A --refit run's model is its last epoch (test chose nothing).
+    # As train/evaluation.py picks: validation by the run's --select-metric (test without a
+    # validation split); the first epoch wins a tie. A --refit run's model is its last epoch
+    # (test chose nothing).
     refit = bool(config.get("dataset", {}).get("merged_validation"))
+    metric = str(config.get("train", {}).get("select_metric") or "hr@10")
     if refit:
         best = history[-1] if history else None
     else:
-        best = max(history, key=lambda h: _key(_chosen(h)), default=None)
+        best = max(history, key=lambda h: selection_key(_chosen(h), metric), default=None)
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
     # "ndcg", ...}]}, one row per (split, protocol, k, dataset).
     evals: list[dict[str, Any]] = []
@@ -222,6 +221,7 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
     from ncfcli.ui import summary_table
 
     trials = report["trials"]
+    metric = str(report.get("select_metric") or "hr@10")  # reports from before it: HR@10
     states: dict[str, int] = {}
     for t in trials:
         states[t["state"]] = states.get(t["state"], 0) + 1
@@ -231,10 +231,14 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
     ]
     best = report.get("best")
     if best:
+        got = best["validation"]
         rows += [("chosen", f"trial {best['number']}: {best['model']}"),
                  ("settings", ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items())),
-                 ("validation", f"HR@10 {best['validation']['hr@10']:.4f}  "
-                                f"NDCG@10 {best['validation']['ndcg@10'] or 0:.4f}")]  # fmt: skip
+                 ("chosen by", f"validation {metric}"),
+                 ("validation", f"HR@10 {got['hr@10']:.4f}  NDCG@10 {got['ndcg@10'] or 0:.4f}")]  # fmt: skip
+        if got.get("full-hr@10") is not None:
+            rows.append(("validation, full ranking",
+                         f"HR@10 {got['full-hr@10']:.4f}  NDCG@10 {got['full-ndcg@10']:.4f}"))  # fmt: skip
         for protocol, m in best["test"].items():
             rows.append(
                 (f"test, {protocol}", f"HR@10 {m['hr@10']:.4f}  NDCG@10 {m['ndcg@10']:.4f}")
@@ -242,15 +246,16 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
         rows.append(("run", best["run_dir"]))
     title = f"ncf tune: {report.get('path') or report.get('tune_dir')}"
     console.print(summary_table(title, rows))
-    kinds = Table(title="best trial of each kind (validation)", title_justify="left")
-    for name in ("kind", "trials", "HR@10", "NDCG@10", "trial"):
+    kinds = Table(title=f"best trial of each kind (validation {metric})", title_justify="left")
+    partner = PARTNER[metric]
+    for name in ("kind", "trials", metric.upper(), partner.upper(), "trial"):
         kinds.add_column(name, justify="left" if name == "kind" else "right")
     for kind in sorted({t["model"] for t in trials if t["model"]}):
         mine = [t for t in trials if t["model"] == kind]
         done = [t for t in mine if t["state"] == "complete"]
-        top = max(done, key=lambda t: t["validation_hr@10"], default=None)
-        kinds.add_row(kind, str(len(mine)), f"{top['validation_hr@10']:.4f}" if top else "-",
-                      f"{top['validation_ndcg@10'] or 0:.4f}" if top else "-",
+        top = max(done, key=lambda t: t.get("value", t["validation_hr@10"]), default=None)
+        kinds.add_row(kind, str(len(mine)), f"{top[f'validation_{metric}']:.4f}" if top else "-",
+                      f"{top[f'validation_{partner}'] or 0:.4f}" if top else "-",
                       str(top["number"]) if top else "-")  # fmt: skip
     console.print(kinds)
     for scope, values in (report.get("importances") or {}).items():

@@ -123,3 +123,17 @@ def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
                            timeout=300)  # fmt: skip
     assert again.returncode == 0 and again.stdout.rstrip().endswith("met"), again.stderr[-2000:]
     assert [ln for ln in again.stdout.splitlines() if ln.startswith("synthetic seed 0 ")] == seeds
+
+
+def test_the_sequence_probe_prints_both_protocols(prepared_dir: Path) -> None:
+    """benchmarks/probe_sasrec.py (docs/tune.md's sequence-model figures) runs on a prepared
+    dataset and prints, per validated epoch, four figures in [0, 1]."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "probe_sasrec.py"), str(prepared_dir),
+         "--epochs", "2", "--every", "1", "--dim", "8", "--length", "5", "--negatives", "16"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    rows = [line.split() for line in res.stdout.splitlines()[2:]]
+    assert [int(r[0]) for r in rows] == [1, 2]
+    assert all(len(r) == 6 and all(0.0 <= float(v) <= 1.0 for v in r[2:]) for r in rows)

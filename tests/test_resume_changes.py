@@ -155,6 +155,7 @@ CHANGED_ON_RESUME: dict[str, list[Any]] = {
     "pretrained_gmf": ["--pretrained-gmf", RUN],
     "pretrained_mlp": ["--pretrained-mlp", RUN],
     "refit": ["--refit", RUN],
+    "select_metric": ["--select-metric", "full-ndcg@10"],
 }
 
 

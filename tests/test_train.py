@@ -71,8 +71,10 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
         "seconds",
         "recency_weight",
         "order_factors",
+        "select_metric",
     }
     assert (out["selected_by"], out["dataset_split"]) == ("validation", "time")
+    assert out["select_metric"] == "hr@10"
     assert set(out["metrics"]) == set(out["validation"]) == {"hr@10", "ndcg@10"}
     assert out["run_dir"] == str(run) and out["epochs"] == 4
     history = metrics(run)
@@ -429,7 +431,8 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
     test_items = read_arrays(prepared_dir)["test_items"]
     calls: list[str] = []
 
-    def evaluate(model: Any, eval_set: tuple[Any, ...], env: Any, max_rows: int) -> dict:
+    def evaluate(model: Any, eval_set: tuple[Any, ...], env: Any, max_rows: int,
+                 full: Any = None) -> dict:  # fmt: skip
         split = "test" if np.array_equal(eval_set[1].numpy(), test_items) else "validation"
         calls.append(split)
         hr, ndcg = figures[calls.count(split)][split]  # this split's n-th call: epoch n

@@ -165,7 +165,7 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
                    + (", stopped at --target-hr)" if result.stopped_early else ")")),
-        ("best epoch", _chosen_row(result.best_epoch, result.selected_by)),
+        ("best epoch", _chosen_row(result.best_epoch, result.selected_by, result.select_metric)),
         ("split", result.dataset_split),
         *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
           if result.recency_weight or result.recency_probe else []),
@@ -173,6 +173,9 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),
+        *([("validation full HR@10", f"{result.validation['full-hr@10']:.4f}"),
+           ("validation full NDCG@10", f"{result.validation['full-ndcg@10']:.4f}")]
+          if result.validation and "full-hr@10" in result.validation else []),
         *([("test HR@10", f"{result.metrics['hr@10']:.4f}"),
            ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}")] if result.metrics else []),
         ("samples/s", si(result.samples_per_second)),
@@ -186,12 +189,13 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
     out_console().print(summary_table("ncf train", rows))
 
 
-def _chosen_row(epoch: int, selected_by: str) -> str:
+def _chosen_row(epoch: int, selected_by: str, metric: str = "hr@10") -> str:
     """The summary's "best epoch" value: the epoch and what chose it."""
     if selected_by == "last":
         return f"{epoch} (the last: a --refit, its epoch count chosen on validation)"
     why = "" if selected_by == "validation" else ": dataset has no validation split"
-    return f"{epoch} (chosen on {selected_by}{why})"
+    by = "" if metric == "hr@10" else f" {metric}"
+    return f"{epoch} (chosen on {selected_by}{by}{why})"
 
 
 def _recency_row(weight: float, probe: dict[str, Any] | None) -> str:

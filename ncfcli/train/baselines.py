@@ -18,9 +18,9 @@ from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_write_text, remove_output, write_marker
 from ncfcli.logs import RunLog
-from ncfcli.metrics import TIE_RULE
-from ncfcli.train.config import TrainConfig, tunables
-from ncfcli.train.evaluation import KS, evaluate_split, selecting_split
+from ncfcli.metrics import TIE_RULE, full_split
+from ncfcli.train.config import TrainConfig, selection_key, tunables
+from ncfcli.train.evaluation import KS, evaluate_split, needs_full, selecting_split
 from ncfcli.train.run import (
     RUN_ENTRIES,
     TrainResult,
@@ -65,6 +65,7 @@ class _Fit:
     pos_weight: Any
     recency: tuple[float, float]  # weight, span
     eval_batch: int
+    metric: str = "hr@10"  # --select-metric: what chooses the grid point
 
     def choose(self, opts: dict[str, Any], grid: list[dict[str, Any]],
                keep: tuple[str, ...]) -> tuple[Any, ...]:  # fmt: skip
@@ -73,6 +74,9 @@ class _Fit:
         data = self.data
         chosen_by = "validation" if data.has_validation else "test"
         held = tuple(self.backend.to_torch(a) for a in data.held_out(chosen_by, self.backend.xp))
+        full = None
+        if needs_full(self.metric):
+            full = full_split(data, chosen_by, self.backend, None)
         tried: list[dict[str, Any]] = []
         best: tuple[Any, ...] | None = None
         for point in grid:
@@ -82,10 +86,10 @@ class _Fit:
                                             recency_weight=self.recency[0],
                                             recency_span=self.recency[1])  # fmt: skip
             model, seconds = baselines.fit(bcfg, data, self.backend, self.seed, self.pos_weight)
-            scores = {chosen_by: evaluate_split(model, held, self.env, self.eval_batch)}
+            scores = {chosen_by: evaluate_split(model, held, self.env, self.eval_batch, full)}
             if len(grid) > 1:
                 tried.append({**point, **scores[chosen_by]})
-            key = (scores[chosen_by]["hr@10"], scores[chosen_by]["ndcg@10"])
+            key = selection_key(scores[chosen_by], self.metric)
             if best is None or key > best[0]:
                 best = (key, values, bcfg, model, seconds, scores)
         assert best is not None
@@ -133,13 +137,14 @@ def _fit_baseline(
                                              data.train_users, data.n_users)  # fmt: skip
     select = selecting_split(data)
     grid = validation_grid(kind, given) if data.has_validation else [{}]
-    fit = _Fit(kind, data, backend, env, seed, pos_weight, (r_weight, r_span), eval_batch)
+    metric = str(cfg.select_metric or BASE["select_metric"])
+    fit = _Fit(kind, data, backend, env, seed, pos_weight, (r_weight, r_span), eval_batch, metric)
     values, bcfg, model, fit_seconds, scores, tried = fit.choose(opts, grid, keep)
     if "test" not in scores and score_test:  # read once, for the chosen values only
         held = tuple(backend.to_torch(a) for a in data.held_out("test", backend.xp))
         scores["test"] = evaluate_split(model, held, env, eval_batch)
     cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
-                  **{k: values[k] for k in keep})  # fmt: skip
+                  select_metric=metric, **{k: values[k] for k in keep})  # fmt: skip
     record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
               "test": scores.get("test"), "train_seconds": fit_seconds,
               "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
@@ -169,5 +174,5 @@ def _fit_baseline(
         dataset_split=data.split_method,
         samples_per_second=record["samples_per_second"], seconds=time.perf_counter() - t_start,
         trained_epochs=1, stopped_early=False, parameters=0, device=backend.describe(),
-        world_size=1,
+        world_size=1, select_metric=metric,
     )  # fmt: skip

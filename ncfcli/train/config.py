@@ -60,6 +60,14 @@ AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
 SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/train/shard.py
+# `--select-metric`: what chooses the epoch (train/evaluation.py), the grid point of a baseline
+# and the trial of `ncf tune`; "full-" ranks every item the user has not seen (ncf eval's
+# --full-ranking), the others the held-out item against its sampled negatives.
+SELECT_METRICS = ("hr@10", "ndcg@10", "full-hr@10", "full-ndcg@10")
+# The figure of each metric's protocol that breaks its ties.
+PARTNER = {"hr@10": "ndcg@10", "ndcg@10": "hr@10", "full-hr@10": "full-ndcg@10",
+           "full-ndcg@10": "full-hr@10"}  # fmt: skip
+SELECT_HELP = "Validation chooses by: hr@10, ndcg@10, full-hr@10, full-ndcg@10."
 # The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch.
 LR_SCALE_POWER = 0.75
 # With the order term the lr grows more slowly: on ml-100k's validation split (3 seeds) k^0.5
@@ -85,12 +93,13 @@ FIXED_ON_RESUME = {
     "pretrained_gmf": "the run's first weights came from it",
     "pretrained_mlp": "the run's first weights came from it",
     "refit": "the run's settings and training data came from it",
+    "select_metric": "it chose the run's best epoch so far",
 }
 # Options a --refit may set itself: how the same steps are computed and kept, not what they are.
 REFIT_OWN = ("micro_batch", "eval_batch", "keep_checkpoints")
 # Options added after runs were first saved, with the value that reproduces what such a run
 # did: resuming it keeps that value, not today's default.
-LEGACY = {"recency_weight": 0.0, "order_factors": 0}
+LEGACY = {"recency_weight": 0.0, "order_factors": 0, "select_metric": "hr@10"}
 # Defaults that need the time order of the training positives: these values without one.
 TIME_DEFAULTS: dict[str, Any] = {"recency_weight": 0.0, "order_factors": 0}
 # Of those, the ones the validation probe (recency.probe) also keeps on or turns off. The order
@@ -239,6 +248,9 @@ class TrainConfig:
         None, "Score validation every K epochs (and the last); the test set only when an epoch "
         "becomes the run's.", EVAL, shown="1", check=AT_LEAST_1,
     )  # fmt: skip
+    select_metric: str | None = opt(
+        None, SELECT_HELP, EVAL, shown="hr@10", check=one_of(SELECT_METRICS)
+    )
     # how the data is laid over the ranks, not what is trained: kept out of tunables(); the run
     # records the mode it used (config.json's "shard")
     shard: str = opt(
@@ -352,6 +364,12 @@ def batch_lr(
     if k <= 1:
         return lr_ref, 0
     return lr_ref * min(k**power, LR_SCALE_CAP), LR_WARMUP_EPOCHS
+
+
+def selection_key(metrics: dict[str, Any], metric: str = "hr@10") -> tuple[float, float]:
+    """(the metric, its protocol's other figure): what an epoch, a baseline's grid point or a
+    tune's trial is ranked by (--select-metric); a figure not scored counts as 0."""
+    return (float(metrics.get(metric) or 0.0), float(metrics.get(PARTNER[metric]) or 0.0))
 
 
 def tunables(cfg: TrainConfig) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """HR@10 and NDCG@10 after every epoch, and which epoch is the run's (best.pt).
 
-Model selection: the best epoch (best.pt, the reported figures, `--target-hr`) is chosen on the
-validation split, by HR@10 then NDCG@10; the test metrics are computed every epoch too, but only
-reported: the run's test figures are those of the validation-chosen epoch. A dataset prepared
-with --no-validation (the NCF/NVIDIA protocol) has no validation split; its epoch is chosen on
-the test set, and every report says so ("selected_by": "test"). A --refit run's model is its
-last epoch ("selected_by": "last"), and test still chooses nothing.
+Model selection: the best epoch (best.pt, the reported figures) is chosen on the validation
+split, by `--select-metric` (HR@10 of the sampled protocol unless named), the same protocol's
+other figure breaking ties; a full-ranking metric scores the split both ways. `--target-hr`
+reads the sampled HR@10. The test metrics are only reported: the run's test figures are those
+of the validation-chosen epoch. A dataset prepared with --no-validation (the NCF/NVIDIA
+protocol) has no validation split; its epoch is chosen on the test set, and every report says
+so ("selected_by": "test"). A --refit run's model is its last epoch ("selected_by": "last"),
+and test still chooses nothing.
 """
 
 from __future__ import annotations
@@ -18,11 +20,24 @@ from ncfcli import distributed as dist_env
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.distributed import DistEnv
-from ncfcli.metrics import metric_sums, sampled_ranks, sums_to_metrics
-from ncfcli.train.config import TrainConfig
+from ncfcli.errors import NcfError
+from ncfcli.metrics import (
+    FullSplit,
+    full_split,
+    full_split_ranks,
+    metric_sums,
+    sampled_ranks,
+    sums_to_metrics,
+)
+from ncfcli.train.config import TrainConfig, selection_key
 from ncfcli.train.device import _tf32_restored
 
 KS = (10,)
+FULL_PREFIX = "full-"
+
+
+def needs_full(metric: str | None) -> bool:
+    return bool(metric) and str(metric).startswith(FULL_PREFIX)
 
 
 def evaluate_split(
@@ -30,8 +45,11 @@ def evaluate_split(
     eval_set: tuple[Any, ...],
     env: DistEnv,
     max_rows: int,
+    full: FullSplit | None = None,
 ) -> dict[str, float]:
-    """HR@10 / NDCG@10 of this rank's users, summed over ranks, then divided.
+    """HR@10 / NDCG@10 of this rank's users, summed over ranks, then divided; with `full`
+    (every user's full-ranking inputs of the same split), also "full-hr@10" / "full-ndcg@10",
+    each rank ranking its contiguous share of the users (as `ncf eval --full-ranking`).
 
     Always in fp32, also under --amp: bf16 keeps 8 bits of mantissa, so logits 2.31 and 2.32
     would round to one value and the tie rule would count the negative ahead of the positive.
@@ -40,12 +58,19 @@ def evaluate_split(
     users, test_items, test_negs, *prev = eval_set  # prev: the order term's context, if any
     was_training = model.training
     model.eval()
-    with _tf32_restored(), torch.autocast(users.device.type, enabled=False):
+    with _tf32_restored(), torch.autocast(users.device.type, enabled=False), torch.no_grad():
         torch.backends.cuda.matmul.allow_tf32 = False
         ranks = sampled_ranks(model, users, test_items, test_negs, max_rows, *prev)
+        if full is not None:
+            start, end = env.shard(int(full.held.shape[0]))
+            full_ranked = full_split_ranks(model, full, start, end, max_rows, max(KS))
     model.train(was_training)
     sums = dist_env.all_reduce_sum(metric_sums(ranks, KS), env)
-    return sums_to_metrics(sums, KS)
+    out = sums_to_metrics(sums, KS)
+    if full is not None:
+        full_sums = dist_env.all_reduce_sum(metric_sums(full_ranked, KS), env)
+        out.update({FULL_PREFIX + k: v for k, v in sums_to_metrics(full_sums, KS).items()})
+    return out
 
 
 def selecting_split(data: PreparedData) -> str:
@@ -73,11 +98,30 @@ def eval_sets(
     return out
 
 
-def improves(best: dict[str, Any] | None, select: str, metrics: dict[str, float]) -> bool:
-    """Whether an epoch with these `metrics` (of the `select` split) becomes the run's best."""
-    key = (metrics["hr@10"], metrics["ndcg@10"])
+def full_sets(
+    cfg: TrainConfig, data: PreparedData, backend: Backend, select: str
+) -> dict[str, FullSplit]:
+    """{the choosing split: its full-ranking inputs} where --select-metric is a full-ranking
+    one (refused on a shard, which holds only its own users' items), else {}."""
+    if not needs_full(cfg.select_metric) or select == "last":
+        return {}
+    if data.shard is not None:
+        raise NcfError(f"--select-metric {cfg.select_metric} ranks every item for every user at "
+                       "each validated epoch, which needs the whole dataset on each rank: use "
+                       "--shard none, or a sampled metric (hr@10, ndcg@10)")  # fmt: skip
+    prev = None
+    if cfg.order_factors:
+        prev = backend.to_torch(data.context(select, backend.xp)).to(backend.torch_device)
+    return {select: full_split(data, select, backend, prev)}
+
+
+def improves(
+    best: dict[str, Any] | None, select: str, metrics: dict[str, float], metric: str = "hr@10"
+) -> bool:
+    """Whether an epoch with these `metrics` (of the `select` split) becomes the run's best,
+    ranked by `metric` (--select-metric)."""
     return (best is None or select == "last"
-            or key > (best[select]["hr@10"], best[select]["ndcg@10"]))  # fmt: skip
+            or selection_key(metrics, metric) > selection_key(best[select], metric))  # fmt: skip
 
 
 def score_split(
@@ -86,6 +130,8 @@ def score_split(
     split: str,
     env: DistEnv,
     max_rows: int,
+    full: dict[str, FullSplit] | None = None,
 ) -> dict[str, float]:
-    """HR@10 and NDCG@10 of one held-out split (this rank's users, summed over ranks)."""
-    return evaluate_split(model, sets[split], env, max_rows)
+    """HR@10 and NDCG@10 of one held-out split (this rank's users, summed over ranks), and the
+    full-ranking figures where `full` holds the split's inputs (`full_sets`)."""
+    return evaluate_split(model, sets[split], env, max_rows, (full or {}).get(split))

@@ -308,8 +308,9 @@ def _end_epoch(
     improved = False
     if scored:
         choose = "test" if s.select == "last" else s.select
-        scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch)
-        improved = evaluation.improves(s.best, s.select, scores[choose])
+        scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch,
+                                                s.full_sets)  # fmt: skip
+        improved = evaluation.improves(s.best, s.select, scores[choose], str(cfg.select_metric))
         if choose != "test" and improved and score_test:
             scores["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env,
                                                     cfg.eval_batch)  # fmt: skip
@@ -323,8 +324,10 @@ def _end_epoch(
         bar.update(ep.task, loss=f"{loss:.3f}", description=f"{epoch}/{cfg.epochs} (not scored)")
         return None
     shown = "test" if s.select == "last" else s.select
-    hr, ndcg = scores[shown]["hr@10"], scores[shown]["ndcg@10"]
-    desc = f"{epoch}/{cfg.epochs} {shown[:3]} HR {hr:.3f} NDCG {ndcg:.3f}"
+    got = scores[shown]
+    desc = f"{epoch}/{cfg.epochs} {shown[:3]} HR {got['hr@10']:.3f} NDCG {got['ndcg@10']:.3f}"
+    if "full-hr@10" in got:
+        desc += f" full {got['full-hr@10']:.3f} {got['full-ndcg@10']:.3f}"
     bar.update(ep.task, loss=f"{loss:.3f}", description=desc)
     return scores
 
@@ -343,6 +346,7 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=s.probed.to_dict() if s.probed is not None else None,
         order_factors=int(cfg.order_factors or 0), shard=s.shard,
+        select_metric=str(cfg.select_metric),
     )  # fmt: skip
 
 

@@ -46,7 +46,7 @@ class TrainResult:
     epochs: int  # epochs the run has completed
     best_epoch: int
     metrics: dict[str, float] | None  # test hr@10, ndcg@10 of the best epoch (None: not read)
-    validation: dict[str, float] | None  # validation hr@10, ndcg@10 of the best epoch
+    validation: dict[str, float] | None  # validation hr@10, ndcg@10 (and full-*) of the best epoch
     selected_by: str  # the split that chose the best epoch: "validation", or "test"
     dataset_split: str  # how the dataset held items out: "time" or "random"
     samples_per_second: float  # global training samples / training seconds (this invocation)
@@ -61,6 +61,7 @@ class TrainResult:
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
     order_factors: int = 0  # the --order-factors the run trained with
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
+    select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -68,6 +69,7 @@ class TrainResult:
             "epochs": self.epochs,
             "best_epoch": self.best_epoch,
             "selected_by": self.selected_by,
+            "select_metric": self.select_metric,
             "dataset_split": self.dataset_split,
             "metrics": None
             if self.metrics is None

@@ -39,6 +39,7 @@ class Session:
     sampler: NegativeSampler
     local_batch: int  # this rank's samples per step
     eval_sets: dict[str, tuple[Any, ...]]
+    full_sets: dict[str, Any]  # the choosing split's full-ranking inputs (evaluation.full_sets)
     select: str  # the split that chooses best.pt (evaluation.selecting_split)
     dataset_info: dict[str, Any]
     replace_run: bool  # an earlier run at --out is to be removed first

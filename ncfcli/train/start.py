@@ -38,7 +38,7 @@ from ncfcli.errors import NcfError
 from ncfcli.model import ModelConfig, build_model, count_parameters
 from ncfcli.train.config import PROBED, TIME_DEFAULTS, TrainConfig, resolve, tunables
 from ncfcli.train.device import set_precision, set_threads
-from ncfcli.train.evaluation import eval_sets, selecting_split
+from ncfcli.train.evaluation import eval_sets, full_sets, selecting_split
 from ncfcli.train.optim import make_optimizer
 from ncfcli.train.refit import load_pretrained
 from ncfcli.train.run import check_run_dir, describe_dataset, option_changes
@@ -93,10 +93,11 @@ def start(
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = selecting_split(data)
     held = eval_sets(cfg, data, env, backend)
+    full = full_sets(cfg, data, backend, select)
     return Session(cfg=cfg, data=data, env=env, backend=backend, run_dir=run_dir,
                    model_cfg=model_cfg, device=device, amp_dtype=amp_dtype, model=model, ddp=ddp,
                    optimizer=optimizer, scaler=scaler, n_params=n_params, sampler=sampler,
-                   local_batch=local_batch, eval_sets=held, select=select,
+                   local_batch=local_batch, eval_sets=held, full_sets=full, select=select,
                    dataset_info=describe_dataset(cfg, data), replace_run=replace_run, probed=probed,
                    resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
                    shard=shard, **restored)  # fmt: skip

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ncfcli.errors import NcfError
 from ncfcli.options import DEVICE_HELP, DEVICES, EVAL, MODEL, OUTPUT, opt, prepared
+from ncfcli.train.config import SELECT_HELP, SELECT_METRICS
 
 KINDS = ("mf", "neumf", "gmf", "mlp", "pop", "itemknn", "ease", "als")
 DEFAULT_KINDS = ("mf", "neumf", "gmf", "itemknn", "ease", "als")
@@ -68,6 +69,7 @@ class TuneConfig:
     jobs: int = opt(1, "Trials at once: worker processes (one per GPU with --device cuda).",
                     DEVICES)  # fmt: skip
     seed: int = opt(0, "Seeds the sampler; every trial trains with seed 0.", EVAL)
+    select_metric: str = opt("hr@10", SELECT_HELP, EVAL)
     device: str = opt("auto", DEVICE_HELP, DEVICES, envvar="NCF_DEVICE")
 
     def __post_init__(self) -> None:
@@ -82,3 +84,6 @@ class TuneConfig:
         if self.jobs < 1:
             raise NcfError(f"--jobs must be >= 1, got {self.jobs}")
         parse_models(self.models)
+        if self.select_metric not in SELECT_METRICS:
+            raise NcfError(f"--select-metric must be one of {', '.join(SELECT_METRICS)}, got "
+                           f"{self.select_metric!r}")  # fmt: skip

@@ -3,11 +3,12 @@
 - `TUNE_DIR/best`: the chosen trial's run directory, a normal run (`ncf eval`, `export` and
   `recommend` take it). Its test set is read once: sampled and full ranking, when a trial first
   becomes the chosen one (a resumed tune whose best did not change reads nothing again).
-- `TUNE_DIR/report.json`: the budget used, each trial (number, state, kind, settings, validation
-  HR@10 and NDCG@10, epochs), the chosen one with its test figures, and the importances of the
-  settings (fANOVA over the finished trials: across kinds, and within each kind);
-  `trials.csv`: the trials table; `validation.png`: validation HR@10 over trials and the best
-  so far. `ncf inspect TUNE_DIR` prints it.
+- `TUNE_DIR/report.json`: the budget used, the metric that ranks the trials (--select-metric),
+  each trial (number, state, kind, settings, its value of that metric, its validation figures,
+  epochs), the chosen one with its test figures, and the importances of the settings (fANOVA
+  over the finished trials: across kinds, and within each kind); `trials.csv`: the trials
+  table; `validation.png`: the metric over trials and the best so far. `ncf inspect TUNE_DIR`
+  prints it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_write_text, read_json_record, record_written
+from ncfcli.train.config import SELECT_METRICS, selection_key
 from ncfcli.tune import space
 from ncfcli.tune.search import SPENT, TRIALS_DIR, _optuna
 
@@ -28,27 +30,38 @@ REPORT, TABLE, PLOT, BEST = "report.json", "trials.csv", "validation.png", "best
 KIND = "tune"
 
 
+def validation_figures(t: Any) -> dict[str, float]:
+    """A finished trial's validation figures ({} for one that did not finish). A trial of a
+    study from before --select-metric recorded only its HR@10 (its value) and NDCG@10."""
+    if t.value is None:
+        return {}
+    return dict(t.user_attrs.get("validation")
+                or {"hr@10": t.value, "ndcg@10": t.user_attrs.get("ndcg@10")})  # fmt: skip
+
+
 def trial_rows(study: Any) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         plain = space.plain(t.params)
+        figures = validation_figures(t)
         rows.append({
             "number": t.number, "state": t.state.name.lower(), "model": plain.pop("model", None),
-            "params": plain, "validation_hr@10": t.value,
-            "validation_ndcg@10": t.user_attrs.get("ndcg@10"),
+            "params": plain, "value": t.value,
+            **{f"validation_{m}": figures.get(m) for m in SELECT_METRICS},
             "epochs": t.user_attrs.get("epochs", t.last_step),
             "seconds": (t.duration.total_seconds() if t.duration is not None else None),
         })  # fmt: skip
     return rows
 
 
-def best_trial(study: Any) -> Any | None:
-    """The finished trial with the highest validation HR@10, NDCG@10 breaking ties."""
+def best_trial(study: Any, metric: str = "hr@10") -> Any | None:
+    """The finished trial with the highest validation figure of `metric` (--select-metric),
+    the other figure of its protocol breaking ties, then the earliest."""
     states = _optuna().trial.TrialState
     done = [t for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
     if not done:
         return None
-    return max(done, key=lambda t: (t.value, t.user_attrs.get("ndcg@10", 0.0), -t.number))
+    return max(done, key=lambda t: (*selection_key(validation_figures(t), metric), -t.number))
 
 
 def importances(study: Any) -> dict[str, dict[str, float]]:
@@ -87,12 +100,13 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
     # process sharing the study may be training one right now, or about to report it).
     ended = {t.number for t in study.get_trials(deepcopy=False)
              if t.state in (states.COMPLETE, states.PRUNED, states.FAIL)}  # fmt: skip
-    best = best_trial(study)
+    metric = str(cfg_json.get("select_metric") or "hr@10")
+    best = best_trial(study, metric)
     chosen = old.get("best") if old else None
     if best is not None and (chosen is None or chosen.get("number") != best.number):
         chosen = _choose(best, tune_dir, device)
     report = {
-        "kind": KIND, "config": cfg_json,
+        "kind": KIND, "config": cfg_json, "select_metric": metric,
         "spent_seconds": round(float(study.user_attrs.get(SPENT, 0.0)), 1),
         "trials": trial_rows(study), "best": chosen, "importances": importances(study),
     }  # fmt: skip
@@ -100,7 +114,7 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
     rows = report["trials"]
     assert isinstance(rows, list)
     _write_table(tune_dir / TABLE, rows)
-    _plot(tune_dir / PLOT, rows)
+    _plot(tune_dir / PLOT, rows, metric)
     record_written(tune_dir, [REPORT, TABLE, PLOT], kind=KIND)
     _prune_dirs(tune_dir, chosen, ended)
     return report
@@ -129,7 +143,7 @@ def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
         test["full" if full else "sampled"] = {k: round(v, 4) for k, v in res["metrics"].items()}
     plain = space.plain(best.params)
     return {"number": best.number, "model": plain.pop("model"), "params": plain,
-            "validation": {"hr@10": best.value, "ndcg@10": best.user_attrs.get("ndcg@10")},
+            "validation": validation_figures(best),
             "best_epoch": best.user_attrs.get("best_epoch"), "test": test,
             "run_dir": str(dest)}  # fmt: skip
 
@@ -146,8 +160,8 @@ def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) 
 
 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
-    names = ["number", "state", "model", "validation_hr@10", "validation_ndcg@10", "epochs",
-             "seconds", "params"]  # fmt: skip
+    names = ["number", "state", "model", "value", *(f"validation_{m}" for m in SELECT_METRICS),
+             "epochs", "seconds", "params"]  # fmt: skip
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=names)
@@ -157,28 +171,29 @@ def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
     tmp.replace(path)
 
 
-def _plot(path: Path, rows: list[dict[str, Any]]) -> None:
+def _plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
+    """Each finished trial's figure of --select-metric (`metric`), and the best so far."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["state"] == "complete" and r["validation_hr@10"] is not None]
+    done = [r for r in rows if r["state"] == "complete" and r["value"] is not None]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     kinds = sorted({r["model"] for r in done})
     for kind in kinds:
         mine = [r for r in done if r["model"] == kind]
-        ax.scatter([r["number"] for r in mine], [r["validation_hr@10"] for r in mine], s=14,
+        ax.scatter([r["number"] for r in mine], [r["value"] for r in mine], s=14,
                    label=kind)  # fmt: skip
     best, xs, ys = -1.0, [], []
     for r in sorted(done, key=lambda r: r["number"]):
-        best = max(best, r["validation_hr@10"])
+        best = max(best, r["value"])
         xs.append(r["number"])
         ys.append(best)
     if xs:
         ax.step(xs, ys, where="post", color="black", linewidth=1, label="best so far")
     ax.set_xlabel("trial")
-    ax.set_ylabel("validation HR@10")
+    ax.set_ylabel(f"validation {metric.upper()}")
     if kinds:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()

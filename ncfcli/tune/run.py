@@ -38,6 +38,10 @@ def _check_dir(cfg: TuneConfig, tune_dir: Path, fingerprint: str) -> bool:
         if old.get("dataset_fingerprint") != fingerprint:
             raise NcfError(f"{tune_dir} tunes another dataset ({old.get('data_dir')}): give --out "
                            "another folder")  # fmt: skip
+        theirs = (old.get("first_config") or {}).get("select_metric") or "hr@10"
+        if theirs != cfg.select_metric:
+            raise NcfError(f"{tune_dir}'s trials are ranked by {theirs}, not --select-metric "
+                           f"{cfg.select_metric}: give --out another folder")  # fmt: skip
         return True
     check_out_dir(tune_dir, "tune", overwrite=False, protect=[cfg.data_dir])
     tune_dir.mkdir(parents=True, exist_ok=True)

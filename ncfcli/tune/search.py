@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -106,7 +107,8 @@ def _alive(pid: int) -> bool:
 
 
 class Objective:
-    """One trial: draw the settings, train on the validation split, return its HR@10."""
+    """One trial: draw the settings, train on the validation split, return its figure of
+    --select-metric (HR@10 unless named)."""
 
     def __init__(self, cfg: TuneConfig, meta: dict[str, Any], tune_dir: Path, device: str,
                  deadline: float | None) -> None:  # fmt: skip
@@ -124,14 +126,15 @@ class Objective:
                            ("host", socket.gethostname())):  # fmt: skip
             trial.set_user_attr(key, value)
         epochs = None if over["model"] in ("pop", "itemknn", "ease", "als") else self.cfg.max_epochs
+        metric = self.cfg.select_metric
         tc = TrainConfig(data_dir=self.cfg.data_dir, out=str(run_dir), overwrite=True,
                          device=self.device, epochs=epochs, seed=0, keep_checkpoints=1,
-                         **over)  # fmt: skip
+                         select_metric=metric, **over)  # fmt: skip
         state = {"pruned": False, "budget": False}
 
         def on_epoch(epoch: int, scores: dict[str, dict[str, float]]) -> bool:
-            """Report the epoch's validation HR@10; False stops the trial."""
-            trial.report(scores["validation"]["hr@10"], epoch)
+            """Report the epoch's validation figure; False stops the trial."""
+            trial.report(scores["validation"][metric], epoch)
             if trial.should_prune():
                 state["pruned"] = True
                 return False
@@ -149,11 +152,12 @@ class Objective:
             shutil.rmtree(run_dir, ignore_errors=True)
             raise optuna.TrialPruned()
         assert result.validation is not None
-        trial.set_user_attr("ndcg@10", result.validation["ndcg@10"])
+        trial.set_user_attr("validation", dict(result.validation))
+        trial.set_user_attr("ndcg@10", result.validation["ndcg@10"])  # what older reports read
         trial.set_user_attr("best_epoch", result.best_epoch)
         trial.set_user_attr("epochs", result.epochs)
         trial.set_user_attr("stopped_by_budget", state["budget"])
-        return float(result.validation["hr@10"])
+        return float(result.validation[metric])
 
 
 def work(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float | None,
@@ -184,13 +188,14 @@ def work(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float |
     timeout = None if deadline is None else max(0.0, deadline - time.time())
     if timeout == 0.0:
         return
-    callbacks.append(_say)
+    callbacks.append(functools.partial(_say, metric=cfg.select_metric))
     study.optimize(Objective(cfg, meta, path, device, deadline), timeout=timeout,
                    callbacks=callbacks, catch=(NcfError,), gc_after_trial=True)  # fmt: skip
 
 
-def _say(study: Any, trial: Any) -> None:
-    """One line on stderr as each trial ends: its kind, its state, validation HR@10, the best."""
+def _say(study: Any, trial: Any, metric: str = "hr@10") -> None:
+    """One line on stderr as each trial ends: its kind, its state, its validation figure of
+    --select-metric (`metric`), the best."""
     if os.environ.get("NCF_TUNE_QUIET") == "1":
         return
     kind = trial.params.get("model", "?")
@@ -200,7 +205,7 @@ def _say(study: Any, trial: Any) -> None:
     except ValueError:  # no trial has finished yet
         best = "no finished trial yet"
     why = trial.user_attrs.get("error")
-    line = f"trial {trial.number} {kind}: validation HR@10 {what}; {best}"
+    line = f"trial {trial.number} {kind}: validation {metric.upper()} {what}; {best}"
     print(line + (f" ({why})" if why else ""), file=sys.stderr, flush=True)
 
 

@@ -1,0 +1,161 @@
+"""A self-attentive sequence model (SASRec-like) on a prepared dataset's validation split:
+`python benchmarks/probe_sasrec.py DATA_DIR`.
+
+ncf has no sequence model kind. This probe measures what one would give before it is built
+into batches, scoring, ONNX and `recommend`: it trains a causal Transformer over each user's
+latest training items (by time) to predict the next one, with a sampled softmax (each position's
+next item against --negatives items drawn uniformly per step), and prints, every
+--every epochs, the validation figures of both protocols `ncf eval --split validation` uses:
+HR@10 / NDCG@10 against the prepared sampled negatives, and against every item the user has
+not interacted with (training items and the test item excluded, as PreparedData.known_positives
+does). The test set is never read. One process on the CPU; the seed fixes every draw.
+
+    OMP_NUM_THREADS=1 python benchmarks/probe_sasrec.py /tmp/t22/beauty --epochs 30
+
+Compare with `ncf eval RUN --split validation` and `ncf eval RUN --split validation
+--full-ranking` of an `ncf train` run on the same dataset (docs/tune.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ncfcli.data.dataset import read_arrays  # noqa: E402
+
+
+def histories(arrays: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(seq [n_users, length + 1]: each user's latest training items, oldest first, right-aligned
+    and padded with n_items; CSR offsets of the training items sorted by user; n_items)."""
+    users = arrays["train_users"].astype(np.int64)
+    items = arrays["train_items"].astype(np.int64)
+    order = np.lexsort((-arrays["train_age"].astype(np.int64), users))  # age 0 is the latest
+    users, items = users[order], items[order]
+    n_users = int(arrays["valid_users"].shape[0])
+    n_items = int(max(items.max(), arrays["valid_items"].max(), arrays["test_items"].max())) + 1
+    offsets = np.zeros(n_users + 1, np.int64)
+    offsets[1:] = np.cumsum(np.bincount(users, minlength=n_users))
+    seq = np.full((n_users, length + 1), n_items, np.int64)
+    for u in range(n_users):
+        mine = items[offsets[u] : offsets[u + 1]][-(length + 1) :]
+        seq[u, length + 1 - len(mine) :] = mine
+    return seq, offsets, n_items
+
+
+class SasRec(nn.Module):
+    """Item and position embeddings, `blocks` pre-norm causal self-attention blocks (one head),
+    the last position's state scored against the item table by dot product."""
+
+    def __init__(self, n_items: int, length: int, dim: int, blocks: int, dropout: float) -> None:
+        super().__init__()
+        self.pad = n_items
+        self.items = nn.Embedding(n_items + 1, dim, padding_idx=n_items)
+        self.position = nn.Embedding(length, dim)
+        layer = nn.TransformerEncoderLayer(dim, 1, dim, dropout, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+        nn.init.normal_(self.items.weight, 0.0, 0.02)
+        nn.init.normal_(self.position.weight, 0.0, 0.02)
+        self.register_buffer("causal", torch.triu(torch.ones(length, length, dtype=torch.bool), 1))
+
+    def forward(self, seq: torch.Tensor) -> torch.Tensor:
+        """seq [B, L] item ids (pad: n_items) -> states [B, L, dim]."""
+        dim = self.items.embedding_dim
+        h = self.items(seq) * math.sqrt(dim) + self.position.weight[None]
+        h = self.dropout(h) * (seq != self.pad)[..., None]
+        return self.norm(self.blocks(h, mask=self.causal))
+
+
+def ranks_at_10(model: SasRec, seq: torch.Tensor, arrays: dict[str, np.ndarray],
+                offsets: np.ndarray, known: np.ndarray) -> list[float]:  # fmt: skip
+    """Validation [sampled HR@10, NDCG@10, full HR@10, NDCG@10]; ties rank the positive last.
+    known[offsets[u]:offsets[u + 1]]: user u's training items, masked in full ranking."""
+    held = torch.from_numpy(arrays["valid_items"].astype(np.int64))
+    negatives = torch.from_numpy(arrays["valid_negatives"].astype(np.int64))
+    test = torch.from_numpy(arrays["test_items"].astype(np.int64))
+    sampled, full = [], []
+    model.eval()
+    with torch.no_grad():
+        table = model.items.weight[: model.pad]
+        for lo in range(0, seq.shape[0], 2048):
+            hi = min(lo + 2048, seq.shape[0])
+            state = model(seq[lo:hi])[:, -1]
+            cand = torch.cat([held[lo:hi, None], negatives[lo:hi]], 1)
+            s = (state[:, None] * table[cand]).sum(-1)
+            sampled.append((s[:, 1:] >= s[:, :1]).sum(1))
+            scores = state @ table.T
+            for j, u in enumerate(range(lo, hi)):
+                scores[j, torch.from_numpy(known[offsets[u] : offsets[u + 1]])] = -math.inf
+            scores[torch.arange(hi - lo), test[lo:hi]] = -math.inf
+            pos = scores.gather(1, held[lo:hi, None])
+            full.append((scores >= pos).sum(1) - 1)  # the held-out item itself is not counted
+    model.train()
+    out = []
+    for ranks in (torch.cat(sampled), torch.cat(full)):
+        hit = (ranks < 10).float()
+        out += [hit.mean().item(), (hit / torch.log2(ranks.float() + 2)).mean().item()]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data", help="a prepared dataset with a time order and a validation split")
+    ap.add_argument("--length", type=int, default=20, help="latest training items read")
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--dropout", type=float, default=0.3)
+    ap.add_argument("--negatives", type=int, default=256, help="uniform items per step")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--every", type=int, default=2, help="validate every N epochs")
+    ap.add_argument("--batch", type=int, default=128, help="users per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    torch.manual_seed(args.seed)
+    arrays = read_arrays(args.data)
+    if "train_age" not in arrays or "valid_items" not in arrays:
+        sys.exit(f"error: {args.data} needs a time order and a validation split")
+    history, offsets, n_items = histories(arrays, args.length)
+    known = arrays["train_items"].astype(np.int64)[np.argsort(arrays["train_users"], kind="stable")]
+    model = SasRec(n_items, args.length, args.dim, args.blocks, args.dropout)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
+    inputs, targets = torch.from_numpy(history[:, :-1]), torch.from_numpy(history[:, 1:])
+    latest = torch.from_numpy(history[:, 1:])  # what validation reads: the latest L items
+    print(f"{args.data}: {history.shape[0]} users, {n_items} items; length {args.length}, "
+          f"dim {args.dim}, {args.blocks} blocks, dropout {args.dropout}, {args.negatives} "
+          f"negatives, seed {args.seed}")  # fmt: skip
+    print("epoch  seconds  sampled HR@10 NDCG@10  full HR@10 NDCG@10", flush=True)
+    for epoch in range(1, args.epochs + 1):
+        t0 = time.perf_counter()
+        for idx in torch.randperm(history.shape[0]).split(args.batch):
+            state, target = model(inputs[idx]), targets[idx]
+            valid = target != n_items
+            h, y = state[valid], target[valid]
+            neg = torch.randint(0, n_items, (args.negatives,))
+            table = model.items.weight
+            logits = torch.cat([(h * table[y]).sum(-1, keepdim=True), h @ table[neg].T], 1)
+            logits[:, 1:] = logits[:, 1:].masked_fill(neg[None] == y[:, None], -math.inf)
+            loss = F.cross_entropy(logits, torch.zeros(len(y), dtype=torch.long))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        seconds = time.perf_counter() - t0
+        if epoch % args.every == 0 or epoch == 1:
+            figures = ranks_at_10(model, latest, arrays, offsets, known)
+            print(f"{epoch:5d}  {seconds:7.1f}  " + "  ".join(f"{v:.4f}" for v in figures),
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
