@@ -10,7 +10,13 @@ HR@10 / NDCG@10 against the prepared sampled negatives, and against every item t
 not interacted with (training items and the test item excluded, as PreparedData.known_positives
 does). The test set is never read. One process on the CPU; the seed fixes every draw.
 
-    OMP_NUM_THREADS=1 python benchmarks/probe_sasrec.py /tmp/t22/beauty --epochs 30
+`--blend RUN_DIR` (an `ncf train` run on the same dataset) then scores blends of the two
+models after the last epoch: each user's scores over every item standardised (less their mean,
+over their standard deviation) in each model, then w x the run's + (1 - w) x the probe's, for
+w in BLEND_WEIGHTS (w = 1 is the run alone: `ncf eval RUN --split validation`'s figures).
+
+    OMP_NUM_THREADS=1 python benchmarks/probe_sasrec.py /tmp/t22/beauty --epochs 40
+    OMP_NUM_THREADS=1 python benchmarks/probe_sasrec.py DATA --epochs 32 --blend RUN_DIR
 
 Compare with `ncf eval RUN --split validation` and `ncf eval RUN --split validation
 --full-ranking` of an `ncf train` run on the same dataset (docs/tune.md).
@@ -22,6 +28,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +39,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ncfcli.data.dataset import read_arrays  # noqa: E402
+
+BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the run's share of a blend (--blend)
 
 
 def histories(arrays: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, int]:
@@ -77,35 +86,86 @@ class SasRec(nn.Module):
         return self.norm(self.blocks(h, mask=self.causal))
 
 
-def ranks_at_10(model: SasRec, seq: torch.Tensor, arrays: dict[str, np.ndarray],
-                offsets: np.ndarray, known: np.ndarray) -> list[float]:  # fmt: skip
-    """Validation [sampled HR@10, NDCG@10, full HR@10, NDCG@10]; ties rank the positive last.
-    known[offsets[u]:offsets[u + 1]]: user u's training items, masked in full ranking."""
+Scorer = Callable[[int, int], torch.Tensor]  # (lo, hi) -> scores [hi - lo, n_items]
+
+
+def ranks_at_10(scorers: list[Scorer], arrays: dict[str, np.ndarray], offsets: np.ndarray,
+                known: np.ndarray, n_items: int) -> list[list[float]]:  # fmt: skip
+    """For each scorer, validation [sampled HR@10, NDCG@10, full HR@10, NDCG@10]; ties rank the
+    positive last. known[offsets[u]:offsets[u + 1]]: user u's training items, which full
+    ranking masks with the user's test item."""
     held = torch.from_numpy(arrays["valid_items"].astype(np.int64))
     negatives = torch.from_numpy(arrays["valid_negatives"].astype(np.int64))
     test = torch.from_numpy(arrays["test_items"].astype(np.int64))
-    sampled, full = [], []
-    model.eval()
+    ranks: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in scorers]
     with torch.no_grad():
-        table = model.items.weight[: model.pad]
-        for lo in range(0, seq.shape[0], 2048):
-            hi = min(lo + 2048, seq.shape[0])
-            state = model(seq[lo:hi])[:, -1]
-            cand = torch.cat([held[lo:hi, None], negatives[lo:hi]], 1)
-            s = (state[:, None] * table[cand]).sum(-1)
-            sampled.append((s[:, 1:] >= s[:, :1]).sum(1))
-            scores = state @ table.T
+        for lo in range(0, held.shape[0], 1024):
+            hi = min(lo + 1024, held.shape[0])
+            mask = torch.zeros(hi - lo, n_items, dtype=torch.bool)
             for j, u in enumerate(range(lo, hi)):
-                scores[j, torch.from_numpy(known[offsets[u] : offsets[u + 1]])] = -math.inf
-            scores[torch.arange(hi - lo), test[lo:hi]] = -math.inf
-            pos = scores.gather(1, held[lo:hi, None])
-            full.append((scores >= pos).sum(1) - 1)  # the held-out item itself is not counted
-    model.train()
+                mask[j, torch.from_numpy(known[offsets[u] : offsets[u + 1]])] = True
+            mask[torch.arange(hi - lo), test[lo:hi]] = True
+            cand = torch.cat([held[lo:hi, None], negatives[lo:hi]], 1)
+            for scorer, (sampled, full) in zip(scorers, ranks, strict=True):
+                scores = scorer(lo, hi)
+                c = scores.gather(1, cand)
+                sampled.append((c[:, 1:] >= c[:, :1]).sum(1))
+                scores = scores.masked_fill(mask, -math.inf)
+                pos = scores.gather(1, held[lo:hi, None])
+                full.append((scores >= pos).sum(1) - 1)  # the held-out item itself not counted
     out = []
-    for ranks in (torch.cat(sampled), torch.cat(full)):
-        hit = (ranks < 10).float()
-        out += [hit.mean().item(), (hit / torch.log2(ranks.float() + 2)).mean().item()]
+    for sampled, full in ranks:
+        figures = []
+        for r in (torch.cat(sampled), torch.cat(full)):
+            hit = (r < 10).float()
+            figures += [hit.mean().item(), (hit / torch.log2(r.float() + 2)).mean().item()]
+        out.append(figures)
     return out
+
+
+def sequence_scorer(model: SasRec, seq: torch.Tensor) -> Scorer:
+    """The probe's scores: the last state of each user's latest items against every item."""
+
+    def score(lo: int, hi: int) -> torch.Tensor:
+        return model(seq[lo:hi])[:, -1] @ model.items.weight[: model.pad].T
+
+    return score
+
+
+def standardised(scorer: Scorer) -> Scorer:
+    """Each user's scores less their mean over the items, over their standard deviation."""
+
+    def score(lo: int, hi: int) -> torch.Tensor:
+        s = scorer(lo, hi)
+        return (s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-9)
+
+    return score
+
+
+def run_scorer(run_dir: str, data_dir: str) -> Scorer:
+    """An ncf run's validation scores against every item (its order term after each user's
+    latest training item, as `ncf eval --split validation` scores it)."""
+    from ncfcli.backend import get_backend
+    from ncfcli.checkpoint import load_run
+    from ncfcli.data.dataset import load_prepared
+    from ncfcli.metrics import _score_all, uses_order
+
+    run = load_run(run_dir)
+    data = load_prepared(data_dir, get_backend("cpu"))
+    if run.dataset_fingerprint != data.fingerprint:
+        sys.exit(f"error: {run_dir} was not trained on {data_dir}")
+    prev = torch.from_numpy(np.asarray(data.context("validation", np)).astype(np.int64))
+    order = uses_order(run.model)
+
+    def score(lo: int, hi: int) -> torch.Tensor:
+        users = torch.arange(lo, hi, dtype=torch.int64)
+        return _score_all(run.model, users, data.n_items, prev[lo:hi] if order else None)
+
+    return score
+
+
+def blend(a: Scorer, b: Scorer, weight: float) -> Scorer:
+    return lambda lo, hi: weight * a(lo, hi) + (1.0 - weight) * b(lo, hi)
 
 
 def main() -> None:
@@ -121,6 +181,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128, help="users per step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--blend", metavar="RUN_DIR", help="an ncf run on DATA_DIR: after the last "
+                    "epoch, score blends of its standardised scores with the probe's")  # fmt: skip
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     arrays = read_arrays(args.data)
@@ -152,9 +214,22 @@ def main() -> None:
             opt.step()
         seconds = time.perf_counter() - t0
         if epoch % args.every == 0 or epoch == 1:
-            figures = ranks_at_10(model, latest, arrays, offsets, known)
+            model.eval()
+            (figures,) = ranks_at_10([sequence_scorer(model, latest)], arrays, offsets, known,
+                                     n_items)  # fmt: skip
+            model.train()
             print(f"{epoch:5d}  {seconds:7.1f}  " + "  ".join(f"{v:.4f}" for v in figures),
                   flush=True)  # fmt: skip
+    if args.blend:
+        model.eval()
+        ncf_run = standardised(run_scorer(args.blend, args.data))
+        probe = standardised(sequence_scorer(model, latest))
+        print(f"blended with {args.blend}, per-user standardised scores after epoch {args.epochs}")
+        print("run weight  sampled HR@10 NDCG@10  full HR@10 NDCG@10")
+        for weight, figures in zip(BLEND_WEIGHTS, ranks_at_10(
+                [blend(ncf_run, probe, w) for w in BLEND_WEIGHTS], arrays, offsets, known, n_items),
+                strict=True):  # fmt: skip
+            print(f"{weight:10.2f}  " + "  ".join(f"{v:.4f}" for v in figures))
 
 
 if __name__ == "__main__":

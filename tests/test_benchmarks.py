@@ -125,15 +125,32 @@ def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
     assert [ln for ln in again.stdout.splitlines() if ln.startswith("synthetic seed 0 ")] == seeds
 
 
-def test_the_sequence_probe_prints_both_protocols(prepared_dir: Path) -> None:
-    """benchmarks/probe_sasrec.py (docs/tune.md's sequence-model figures) runs on a prepared
-    dataset and prints, per validated epoch, four figures in [0, 1]."""
+def test_the_sequence_probe_prints_both_protocols(prepared_dir: Path, tmp_path: Path) -> None:
+    """benchmarks/probe_sasrec.py (docs/tune.md's sequence-model figures) prints four figures in
+    [0, 1] per validated epoch; blended with an ncf run, the run's own row (weight 1) is
+    `ncf eval --split validation`'s figures, sampled and full ranking."""
+    run = tmp_path / "run"
+    ncf_cmd = [sys.executable, "-m", "ncfcli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    subprocess.run([*ncf_cmd, "train", str(prepared_dir), "--out", str(run), "--epochs", "2",
+                    "--factors", "8", "--device", "cpu", "-q"], check=True, env=env, timeout=120)  # fmt: skip
     res = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "probe_sasrec.py"), str(prepared_dir),
-         "--epochs", "2", "--every", "1", "--dim", "8", "--length", "5", "--negatives", "16"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+         "--epochs", "2", "--every", "1", "--dim", "8", "--length", "5", "--negatives", "16",
+         "--blend", str(run)],
+        capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
-    rows = [line.split() for line in res.stdout.splitlines()[2:]]
+    lines = res.stdout.splitlines()
+    rows = [line.split() for line in lines[2:4]]
     assert [int(r[0]) for r in rows] == [1, 2]
     assert all(len(r) == 6 and all(0.0 <= float(v) <= 1.0 for v in r[2:]) for r in rows)
+    blends = {float(r[0]): [float(v) for v in r[1:]] for r in map(str.split, lines[6:])}
+    assert sorted(blends) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert blends[0.0] == [float(v) for v in rows[1][2:]]  # the probe alone, as epoch 2 printed
+    for full, figures in ((False, blends[1.0][:2]), (True, blends[1.0][2:])):
+        cmd = [*ncf_cmd, "eval", str(run), "--split", "validation", "-k", "10", "--json",
+               "--device", "cpu", *(["--full-ranking"] if full else [])]  # fmt: skip
+        got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env,
+                                        timeout=120).stdout)["metrics"]  # fmt: skip
+        assert figures == pytest.approx([got["hr@10"], got["ndcg@10"]], abs=6e-5)
