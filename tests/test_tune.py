@@ -162,3 +162,23 @@ def test_the_python_api_tunes_as_the_command_does(data: Path, tmp_path: Path) ->
     assert (Path(report["best"]["run_dir"]) / "best.pt").is_file()
     with pytest.raises(Exception, match="unexpected keyword argument 'epochs'"):
         ncfcli.tune(data, tmp_path / "x", trials=1, epochs=3)
+
+
+def test_the_table_and_plot_are_written_under_this_process_own_temporary_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Processes sharing a study each write trials.csv and validation.png at the end: with one
+    temporary name for all, one process's rename took the file from under the other's
+    (FileNotFoundError, seen in test_two_processes_share_one_study). Each uses its own now."""
+    from ncfcli.tune import report
+
+    moved: list[str] = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (moved.append(Path(a).name), real(a, b))[1])
+    rows = [{"number": 0, "state": "complete", "model": "mf", "params": {"factors": 8},
+             "value": 0.5, "validation_hr@10": 0.5, "epochs": 1, "seconds": 1.0}]  # fmt: skip
+    report._write_table(tmp_path / report.TABLE, rows)
+    report._plot(tmp_path / report.PLOT, rows, "hr@10")
+    assert len(moved) == 2 and all(name.endswith(f"-{os.getpid()}") for name in moved), moved
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.TABLE, report.PLOT])
+    assert (tmp_path / report.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_write_text, read_json_record, record_written
+from ncfcli.fsutil import atomic_path, atomic_write_text, read_json_record, record_written
 from ncfcli.train.config import SELECT_METRICS, selection_key
 from ncfcli.tune import space
 from ncfcli.tune.search import SPENT, TRIALS_DIR, _optuna
@@ -162,13 +162,12 @@ def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) 
 def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
     names = ["number", "state", "model", "value", *(f"validation_{m}" for m in SELECT_METRICS),
              "epochs", "seconds", "params"]  # fmt: skip
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
+    # A temporary name of this process's own: processes sharing the study write these too.
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=names)
         w.writeheader()
         for r in rows:
             w.writerow({**r, "params": json.dumps(r["params"], sort_keys=True)})
-    tmp.replace(path)
 
 
 def _plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
@@ -197,7 +196,6 @@ def _plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
     if kinds:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    tmp.replace(path)
