@@ -38,27 +38,24 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ncfcli.data.dataset import read_arrays  # noqa: E402
+from ncfcli.backend import get_backend  # noqa: E402
+from ncfcli.data.dataset import PreparedData, load_prepared  # noqa: E402
 
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the run's share of a blend (--blend)
 
 
-def histories(arrays: dict[str, np.ndarray], length: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(seq [n_users, length + 1]: each user's latest training items, oldest first, right-aligned
-    and padded with n_items; CSR offsets of the training items sorted by user; n_items)."""
-    users = arrays["train_users"].astype(np.int64)
-    items = arrays["train_items"].astype(np.int64)
-    order = np.lexsort((-arrays["train_age"].astype(np.int64), users))  # age 0 is the latest
-    users, items = users[order], items[order]
-    n_users = int(arrays["valid_users"].shape[0])
-    n_items = int(max(items.max(), arrays["valid_items"].max(), arrays["test_items"].max())) + 1
-    offsets = np.zeros(n_users + 1, np.int64)
-    offsets[1:] = np.cumsum(np.bincount(users, minlength=n_users))
-    seq = np.full((n_users, length + 1), n_items, np.int64)
-    for u in range(n_users):
+def histories(data: PreparedData, length: int) -> np.ndarray:
+    """[n_users, length + 1]: each user's latest training items, oldest first, right-aligned and
+    padded with n_items."""
+    users = np.asarray(data.train_users, np.int64)
+    order = np.lexsort((-np.asarray(data.train_age, np.int64), users))  # age 0 is the latest
+    users, items = users[order], np.asarray(data.train_items, np.int64)[order]
+    offsets = data.user_offsets(np)  # counts per user: the same in any order within a user
+    seq = np.full((data.n_users, length + 1), data.n_items, np.int64)
+    for u in range(data.n_users):
         mine = items[offsets[u] : offsets[u + 1]][-(length + 1) :]
         seq[u, length + 1 - len(mine) :] = mine
-    return seq, offsets, n_items
+    return seq
 
 
 class SasRec(nn.Module):
@@ -86,28 +83,30 @@ class SasRec(nn.Module):
         return self.norm(self.blocks(h, mask=self.causal))
 
 
-Scorer = Callable[[int, int], torch.Tensor]  # (lo, hi) -> scores [hi - lo, n_items]
+Scorer = Callable[[torch.Tensor], torch.Tensor]  # users [U] -> scores [U, n_items]
 
 
-def ranks_at_10(scorers: list[Scorer], arrays: dict[str, np.ndarray], offsets: np.ndarray,
-                known: np.ndarray, n_items: int) -> list[list[float]]:  # fmt: skip
+def ranks_at_10(scorers: list[Scorer], data: PreparedData) -> list[list[float]]:
     """For each scorer, validation [sampled HR@10, NDCG@10, full HR@10, NDCG@10]; ties rank the
-    positive last. known[offsets[u]:offsets[u + 1]]: user u's training items, which full
-    ranking masks with the user's test item."""
-    held = torch.from_numpy(arrays["valid_items"].astype(np.int64))
-    negatives = torch.from_numpy(arrays["valid_negatives"].astype(np.int64))
-    test = torch.from_numpy(arrays["test_items"].astype(np.int64))
+    positive last. Full ranking masks what `ncf eval --split validation --full-ranking` masks
+    (PreparedData.known_positives: the training items and the test item)."""
+    users_np, held_np, negatives_np = data.held_out("validation", np)
+    offsets, seen = data.known_positives("validation", np)
+    users = torch.from_numpy(np.asarray(users_np, np.int64))
+    held = torch.from_numpy(np.asarray(held_np, np.int64))
+    negatives = torch.from_numpy(np.asarray(negatives_np, np.int64))
     ranks: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in scorers]
     with torch.no_grad():
-        for lo in range(0, held.shape[0], 1024):
-            hi = min(lo + 1024, held.shape[0])
-            mask = torch.zeros(hi - lo, n_items, dtype=torch.bool)
-            for j, u in enumerate(range(lo, hi)):
-                mask[j, torch.from_numpy(known[offsets[u] : offsets[u + 1]])] = True
-            mask[torch.arange(hi - lo), test[lo:hi]] = True
+        for lo in range(0, users.shape[0], 1024):
+            hi = min(lo + 1024, users.shape[0])
+            mine = users_np[lo:hi]
+            rows = np.repeat(np.arange(hi - lo), offsets[mine + 1] - offsets[mine])
+            cols = np.concatenate([seen[offsets[u] : offsets[u + 1]] for u in mine])
+            mask = torch.zeros(hi - lo, data.n_items, dtype=torch.bool)
+            mask[torch.from_numpy(rows), torch.from_numpy(np.asarray(cols, np.int64))] = True
             cand = torch.cat([held[lo:hi, None], negatives[lo:hi]], 1)
             for scorer, (sampled, full) in zip(scorers, ranks, strict=True):
-                scores = scorer(lo, hi)
+                scores = scorer(users[lo:hi])
                 c = scores.gather(1, cand)
                 sampled.append((c[:, 1:] >= c[:, :1]).sum(1))
                 scores = scores.masked_fill(mask, -math.inf)
@@ -125,47 +124,35 @@ def ranks_at_10(scorers: list[Scorer], arrays: dict[str, np.ndarray], offsets: n
 
 def sequence_scorer(model: SasRec, seq: torch.Tensor) -> Scorer:
     """The probe's scores: the last state of each user's latest items against every item."""
-
-    def score(lo: int, hi: int) -> torch.Tensor:
-        return model(seq[lo:hi])[:, -1] @ model.items.weight[: model.pad].T
-
-    return score
+    return lambda users: model(seq[users])[:, -1] @ model.items.weight[: model.pad].T
 
 
 def standardised(scorer: Scorer) -> Scorer:
     """Each user's scores less their mean over the items, over their standard deviation."""
 
-    def score(lo: int, hi: int) -> torch.Tensor:
-        s = scorer(lo, hi)
+    def score(users: torch.Tensor) -> torch.Tensor:
+        s = scorer(users)
         return (s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-9)
 
     return score
 
 
-def run_scorer(run_dir: str, data_dir: str) -> Scorer:
+def run_scorer(run_dir: str, data: PreparedData) -> Scorer:
     """An ncf run's validation scores against every item (its order term after each user's
     latest training item, as `ncf eval --split validation` scores it)."""
-    from ncfcli.backend import get_backend
     from ncfcli.checkpoint import load_run
-    from ncfcli.data.dataset import load_prepared
     from ncfcli.metrics import _score_all, uses_order
 
     run = load_run(run_dir)
-    data = load_prepared(data_dir, get_backend("cpu"))
     if run.dataset_fingerprint != data.fingerprint:
-        sys.exit(f"error: {run_dir} was not trained on {data_dir}")
-    prev = torch.from_numpy(np.asarray(data.context("validation", np)).astype(np.int64))
+        sys.exit(f"error: {run_dir} was not trained on {data.path}")
+    prev = torch.from_numpy(np.asarray(data.context("validation", np), np.int64))
     order = uses_order(run.model)
-
-    def score(lo: int, hi: int) -> torch.Tensor:
-        users = torch.arange(lo, hi, dtype=torch.int64)
-        return _score_all(run.model, users, data.n_items, prev[lo:hi] if order else None)
-
-    return score
+    return lambda users: _score_all(run.model, users, data.n_items, prev[users] if order else None)
 
 
 def blend(a: Scorer, b: Scorer, weight: float) -> Scorer:
-    return lambda lo, hi: weight * a(lo, hi) + (1.0 - weight) * b(lo, hi)
+    return lambda users: weight * a(users) + (1.0 - weight) * b(users)
 
 
 def main() -> None:
@@ -185,11 +172,11 @@ def main() -> None:
                     "epoch, score blends of its standardised scores with the probe's")  # fmt: skip
     args = ap.parse_args()
     torch.manual_seed(args.seed)
-    arrays = read_arrays(args.data)
-    if "train_age" not in arrays or "valid_items" not in arrays:
+    data = load_prepared(args.data, get_backend("cpu"))
+    if data.train_age is None or not data.has_validation:
         sys.exit(f"error: {args.data} needs a time order and a validation split")
-    history, offsets, n_items = histories(arrays, args.length)
-    known = arrays["train_items"].astype(np.int64)[np.argsort(arrays["train_users"], kind="stable")]
+    n_items = data.n_items
+    history = histories(data, args.length)
     model = SasRec(n_items, args.length, args.dim, args.blocks, args.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
     inputs, targets = torch.from_numpy(history[:, :-1]), torch.from_numpy(history[:, 1:])
@@ -215,20 +202,18 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         if epoch % args.every == 0 or epoch == 1:
             model.eval()
-            (figures,) = ranks_at_10([sequence_scorer(model, latest)], arrays, offsets, known,
-                                     n_items)  # fmt: skip
+            (figures,) = ranks_at_10([sequence_scorer(model, latest)], data)
             model.train()
             print(f"{epoch:5d}  {seconds:7.1f}  " + "  ".join(f"{v:.4f}" for v in figures),
                   flush=True)  # fmt: skip
     if args.blend:
         model.eval()
-        ncf_run = standardised(run_scorer(args.blend, args.data))
+        ncf_run = standardised(run_scorer(args.blend, data))
         probe = standardised(sequence_scorer(model, latest))
         print(f"blended with {args.blend}, per-user standardised scores after epoch {args.epochs}")
         print("run weight  sampled HR@10 NDCG@10  full HR@10 NDCG@10")
-        for weight, figures in zip(BLEND_WEIGHTS, ranks_at_10(
-                [blend(ncf_run, probe, w) for w in BLEND_WEIGHTS], arrays, offsets, known, n_items),
-                strict=True):  # fmt: skip
+        blends = [blend(ncf_run, probe, w) for w in BLEND_WEIGHTS]
+        for weight, figures in zip(BLEND_WEIGHTS, ranks_at_10(blends, data), strict=True):
             print(f"{weight:10.2f}  " + "  ".join(f"{v:.4f}" for v in figures))
 
 
