@@ -73,7 +73,7 @@ def cpu_count() -> int:
 
 
 def free_port(host: str = "") -> int:
-    """A TCP port nobody listens on now (the kernel's pick); rank 0 binds it a moment later."""
+    """A TCP port nobody listens on now (the kernel's pick); the launcher binds it a moment later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -157,7 +157,7 @@ def check_launch_flags(
         )
     if nnodes > 1 and not master_addr:
         raise NcfError(
-            f"--nnodes {nnodes} needs --master-addr, the address of node 0 (where rank 0 listens), "
+            f"--nnodes {nnodes} needs --master-addr, the address of node 0 (where its launcher listens), "
             "given the same on every node"
         )
     if master_port is not None and not 1 <= master_port <= 65535:
@@ -199,7 +199,7 @@ def plan_launch(
         master_port = free_port()
     else:
         master_port = DEFAULT_MULTINODE_PORT if master_port is None else master_port
-        if node_rank == 0:  # rank 0 listens here; other nodes only connect to it
+        if node_rank == 0:  # node 0's launcher listens here (host_store); others connect
             check_port_free(master_port, " or leave --master-port unset" if nnodes == 1 else "")
     return LaunchPlan(
         nproc_per_node=per_node,

@@ -33,8 +33,8 @@ class LaunchPlan:
     nproc_per_node: int  # workers on this node
     nnodes: int  # nodes in the job
     node_rank: int  # this node's index, 0 hosts rank 0
-    master_addr: str  # where rank 0 listens
-    master_port: int  # the port rank 0 listens on
+    master_addr: str  # node 0, where the launcher holds the store (host_store)
+    master_port: int  # the store's port there
     device: str | None  # "cuda" (--gpus), "cpu" (--nproc) or None (the worker's own --device)
     threads: int  # CPU threads per worker (OMP_NUM_THREADS)
     worker_args: tuple[str, ...] = field(
@@ -61,12 +61,17 @@ class LaunchPlan:
             MASTER_PORT=str(self.master_port),
             PYTHONUNBUFFERED="1",
         )
+        if self.world_size > 1:  # node 0's launcher holds the store (host_store): connect to it
+            env[AGENT_STORE_ENV] = "True"
         if "OMP_NUM_THREADS" not in env:  # a user's explicit choice wins
             env["OMP_NUM_THREADS"] = str(self.threads)
             env["MKL_NUM_THREADS"] = str(self.threads)
         return env
 
 
+# torch's env:// rendezvous reads this: "True" makes every rank a client of a store someone
+# else hosts (torchrun's agent does the same), instead of rank 0 hosting it in its own process.
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 VERBOSE_ENV = "NCF_LAUNCH_VERBOSE"
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit): ")
 GRACE_ENV = "NCF_LAUNCH_GRACE"  # seconds workers get to exit after SIGTERM/SIGINT
@@ -335,6 +340,7 @@ def supervise(
     old_term = _raise_on_sigterm()
     failed: tuple[_Worker, int] | None = None
     code = 0
+    store = host_store(plan)  # held until every worker has exited
     try:
         try:
             _start_workers(cmd, plan, base_env, out, verbose, events, workers)
@@ -354,7 +360,34 @@ def supervise(
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    return _report(out, workers, failed, code)
+    code = _report(out, workers, failed, code)
+    del store
+    return code
+
+
+def host_store(plan: LaunchPlan) -> Any:
+    """The job's rendezvous store (a TCPStore at the master port), on node 0, for the whole run;
+    None elsewhere or for one worker.
+
+    Workers find it through AGENT_STORE_ENV (LaunchPlan.worker_env). Were rank 0 to host it,
+    as plain env:// does, rank 0 could exit while another rank still tears its process group
+    down against the store; under load that rank died at exit by SIGABRT in gloo's teardown
+    (about 1 resumed 2-worker run in 30 on 2 busy cores). The launcher outlives every worker."""
+    if plan.node_rank != 0 or plan.world_size < 2:
+        return None
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from ncfcli.distributed import timeout_seconds
+
+    try:
+        return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=True,
+                             timeout=timedelta(seconds=timeout_seconds()),
+                             wait_for_workers=False)  # fmt: skip
+    except (RuntimeError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise NcfError(f"cannot listen on --master-port {plan.master_port}: {first}") from None
 
 
 def _raise_on_sigterm() -> Any:

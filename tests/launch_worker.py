@@ -82,5 +82,30 @@ elif mode == "gloo":
         raise ValueError("bad batch on rank 1")
     while True:
         distributed.all_reduce_sum(torch.ones(3), env)
+elif mode == "store":
+    # rank 0 leaves the job at once; rank 1 then still uses the job's store, as a rank tearing
+    # its group down does. The store must outlive rank 0 (the launcher holds it).
+    import torch
+    import torch.distributed as dist
+
+    from ncfcli import distributed
+
+    env = distributed.env_from_environ()
+    distributed.init(env, "cpu")
+    distributed.all_reduce_sum(torch.ones(3), env)
+    if rank == 0:
+        (out / "pid0").write_text(str(os.getpid()))
+        os._exit(0)
+    pid0 = out / "pid0"
+    while not pid0.exists() or not pid0.read_text():
+        time.sleep(0.05)
+    status = Path(f"/proc/{pid0.read_text()}/status")
+    while status.exists() and "State:\tZ" not in status.read_text():  # until rank 0 has exited
+        time.sleep(0.05)
+    store = dist.distributed_c10d._get_default_store()
+    store.set("after", "rank 0 left")
+    assert store.get("after") == b"rank 0 left"
+    (out / "store1").write_text("ok")
+    os._exit(0)
 else:
     raise SystemExit(f"unknown mode {mode}")

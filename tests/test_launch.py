@@ -29,6 +29,7 @@ from ncfcli.launch import (
     plan_launch,
     should_launch,
     strip_launch_args,
+    supervise,
 )
 
 HERE = Path(__file__).parent
@@ -79,6 +80,8 @@ def test_worker_environment() -> None:
         "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "29511", "OMP_NUM_THREADS": "3",
     }  # fmt: skip
     assert plan.worker_env(0, base={"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    # every rank is a client of the store node 0's launcher holds (not rank 0's own)
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
 @pytest.mark.parametrize(
@@ -206,6 +209,24 @@ def test_a_rank_dying_between_collectives_is_named_not_its_peer(tmp_path: Path) 
     res = drive("gloo", tmp_path)
     assert res.returncode == 1
     assert res.stderr == "error: rank 1 failed: ValueError: bad batch on rank 1\n"
+
+
+def test_the_store_outlives_rank_0(tmp_path: Path) -> None:
+    """The launcher holds the job's store until every worker has exited: a rank that still
+    uses it after rank 0's process is gone (a group's teardown does) finds it."""
+    res = drive("store", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "store1").read_text() == "ok"
+
+
+def test_a_master_port_in_use_is_one_line() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        plan = LaunchPlan(nproc_per_node=2, nnodes=1, node_rank=0, master_addr="127.0.0.1",
+                          master_port=s.getsockname()[1], device="cpu", threads=1)  # fmt: skip
+        with pytest.raises(NcfError, match=r"^cannot listen on --master-port \d+: "):
+            supervise([sys.executable, "-c", "pass"], plan)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
