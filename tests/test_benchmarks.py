@@ -123,6 +123,7 @@ def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
     again = subprocess.run([*cmd, "--margin", "-1"], capture_output=True, text=True, env=env,
                            timeout=300)  # fmt: skip
     assert again.returncode == 0 and again.stdout.rstrip().endswith("met"), again.stderr[-2000:]
+
     # the resume's own start-up adds a fraction of a second to the budget used: compare the rest
     def wall_free(lines: list[str]) -> list[str]:
         return [re.sub(r"trials, \d+ s;", "trials, _ s;", ln) for ln in lines]
