@@ -379,15 +379,16 @@ def host_store(plan: LaunchPlan) -> Any:
 
     import torch.distributed as dist
 
-    from ncfcli.distributed import timeout_seconds
+    from ncfcli.distributed import _first_line, timeout_seconds
 
     try:
         return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=True,
                              timeout=timedelta(seconds=timeout_seconds()),
                              wait_for_workers=False)  # fmt: skip
     except (RuntimeError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise NcfError(f"cannot listen on --master-port {plan.master_port}: {first}") from None
+        raise NcfError(
+            f"cannot listen on --master-port {plan.master_port}: {_first_line(e)}"
+        ) from None
 
 
 def _raise_on_sigterm() -> Any:
