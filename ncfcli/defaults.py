@@ -15,7 +15,7 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
     (200_000, "< 200k (ml-100k)",
      {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
-      "l2": 1e-3, "recency_weight": 16.0, "order_factors": 64}),
+      "l2": 1e-3, "recency_weight": 16.0, "order_factors": 64, "sequence_length": 20}),
     (5_000_000, "< 5M (ml-1m)",
      {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
@@ -46,7 +46,8 @@ BASE: dict[str, Any] = {
     "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
     "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
     "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
-    "eval_every": 1, "select_metric": "hr@10",
+    "eval_every": 1, "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
+    "sequence_weight": 1.0,
     "keep_checkpoints": 3,
 }  # fmt: skip
 
@@ -57,7 +58,8 @@ ORDER_FACTORS_ON = 64
 
 # Options whose default depends on the dataset's size (their help says so).
 BY_SIZE = ("model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers",
-           "dropout", "neg_per_pos", "l2", "recency_weight", "order_factors")  # fmt: skip
+           "dropout", "neg_per_pos", "l2", "recency_weight", "order_factors",
+           "sequence_length")  # fmt: skip
 
 
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
@@ -104,9 +106,9 @@ def table_text() -> str:
     lines.append(f"(first column, under {SPARSE_PER_USER} positives per user: {sparse};")
     lines.append(f" and its batch halves, down to 2^{MIN_BATCH.bit_length() - 1}, until an epoch "
                  f"has {MIN_STEPS_PER_EPOCH} steps;")  # fmt: skip
-    lines.append(" --recency-weight only where a validation probe finds a time signal,")
-    lines.append(" --order-factors only where the data has a time order, and past the first")
-    lines.append(f" column {ORDER_FACTORS_ON} where that probe finds a time signal)")
+    lines.append(" --recency-weight, --sequence-length only where a validation probe finds a")
+    lines.append(" time signal, --order-factors only where the data has a time order, and")
+    lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal)")
     return "\n".join(lines)
 
 

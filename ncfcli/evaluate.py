@@ -159,6 +159,7 @@ def evaluate(
     from ncfcli.metrics import (
         FULL,
         TIE_RULE,
+        context_length,
         full_split,
         full_split_ranks,
         metric_sums,
@@ -185,7 +186,9 @@ def evaluate(
         check_ks(cfg.ks, n_neg + 1, "sampled")
     rows = rows_for(backend, cfg.batch_rows, model)
     # An order term scores each user after their latest item before the held-out one.
-    prev = backend.to_torch(data.context(cfg.split, xp)).to(device) if uses_order(model) else None
+    prev = None
+    if uses_order(model):  # a sequence term: the latest items before the held-out one
+        prev = backend.to_torch(data.context(cfg.split, xp, context_length(model))).to(device)
     with torch.no_grad():
         if cfg.full_ranking:
             start, end = env.shard(data.n_users)

@@ -15,8 +15,10 @@ scores after (recommend.context_split), so the served logits equal its scores; e
 that on a sample of users and reports the largest difference. `--session` also writes
 `<name>_session.onnx`, whose third input `prev_item` (int64 [batch]; n_items for none) is the
 previous item, for a server that tracks sessions itself (`recommend --json` names the one it
-scored after as "after"). A model without an order term takes user and item alone; --session
-is refused for it.
+scored after as "after"). A model with a sequence term (`--sequence-length L`) reads the user's
+latest L items instead: the table is int64 [n_users, L] (PreparedData.context("next", L)), and
+the session graph's `prev_item` is int64 [batch, L], oldest first, right-aligned and padded
+with n_items. A model with neither takes user and item alone; --session is refused for it.
 
 Beside the .onnx file: `user_ids.parquet` / `item_ids.parquet` (row i holds the raw id of
 dense id i, as in the prepared dataset) and `<name>.json` describing inputs, outputs, sizes,
@@ -221,6 +223,9 @@ def export_onnx(
     # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
     # declared dynamic dim keep the graph batch-agnostic.
     example = tuple(torch.tensor([0, 1], dtype=torch.int64) for _ in names)
+    length = int(getattr(model.cfg, "seq_length", 0) or 0) if hasattr(model, "cfg") else 0
+    if session and length:  # the sequence term's window: [batch, L]
+        example = (*example[:2], torch.zeros(2, length, dtype=torch.int64))
     batch = torch.export.Dim("batch")
     # The exporter reports progress with print() and warnings; the CLI's stdout is for results.
     with (
@@ -275,7 +280,9 @@ def parity(
     import torch
 
     sess = _session(onnx_path)
-    takes_prev = ORDER_INPUT in [i.name for i in sess.get_inputs()]
+    given = {i.name: i for i in sess.get_inputs()}
+    takes_prev = ORDER_INPUT in given
+    window = len(given[ORDER_INPUT].shape) == 2 if takes_prev else False
     rng = np.random.default_rng(seed)
     out: dict[int, float] = {}
     for b in PARITY_BATCHES:
@@ -286,8 +293,10 @@ def parity(
         feed = {"user": users, "item": items}
         args = [users, items]
         if takes_prev:
-            prev = rng.integers(0, n_items + 1, size=b, dtype=np.int64)
-            prev[-1] = n_items  # the "no previous item" row
+            width = given[ORDER_INPUT].shape[1] if window else None
+            size = (b, width) if window else b
+            prev = rng.integers(0, n_items + 1, size=size, dtype=np.int64)  # type: ignore[arg-type]
+            prev[-1] = n_items  # the "no previous item" row (a window of padding)
             feed[ORDER_INPUT] = prev
             args.append(prev)
         elif context is not None:
@@ -339,7 +348,13 @@ def describe(
         "user": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_users - 1]},
         "item": {"dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items - 1]},
     }
-    if session:
+    if session and cfg.seq_length:
+        inputs[ORDER_INPUT] = {
+            "dtype": "int64", "shape": ["batch", cfg.seq_length], "range": [0, cfg.n_items],
+            "meaning": f"the user's latest {cfg.seq_length} items before this one (item dense "
+                       f"ids), oldest first, right-aligned; {cfg.n_items} pads a shorter history",
+        }  # fmt: skip
+    elif session:
         inputs[ORDER_INPUT] = {
             "dtype": "int64", "shape": ["batch"], "range": [0, cfg.n_items],
             "meaning": "the user's latest item before this one (item dense id); "
@@ -491,7 +506,7 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     from ncfcli.data.dataset import ID_MAPS, read_meta
     from ncfcli.evaluate import resolve_data
     from ncfcli.fsutil import check_out_file, read_marker, record_written
-    from ncfcli.metrics import uses_order
+    from ncfcli.metrics import context_length, uses_order
     from ncfcli.recommend import context_split
     from ncfcli.triton import write_model
 
@@ -508,7 +523,8 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     backend = get_backend("cpu")
     data, _ = resolve_data(run, data_dir, backend)
     model = run.model.cpu().eval()
-    context = data.context(context_split(exclude_seen=True), backend.xp) if ordered else None
+    length = context_length(run.model)  # a sequence term's window (0: the latest item alone)
+    context = data.context(context_split(True), backend.xp, length) if ordered else None
     dirs = [(folder, "export directory")]
     if cfg.triton is not None:
         dirs.append((Path(cfg.triton), "--triton directory"))
@@ -528,8 +544,9 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
         (tmp / files.meta_name).write_text(json.dumps(desc, indent=2) + "\n")
         for tdir, tname, session in files.tritons:
             graph = tmp / (session_name if session else out.name)
+            widths = {ORDER_INPUT: length} if session and length else None
             write_model(tdir, tname, graph, graph_inputs(session), OUTPUT,
-                        desc["session"] if session else desc, cfg.max_batch_size)  # fmt: skip
+                        desc["session"] if session else desc, cfg.max_batch_size, widths)  # fmt: skip
         for fname in files.names:
             check_out_file(folder / fname, overwrite=cfg.overwrite)  # may have appeared since
         record_written(folder, files.names, "export")

@@ -206,9 +206,16 @@ def _score_all(
 
 
 def uses_order(model: torch.nn.Module) -> bool:
-    """Does `model` score with an order term (a third input, the previous item)?"""
+    """Does `model` score with a third input: the previous item (an order term), or the latest
+    items (a sequence term)?"""
     cfg = getattr(model, "cfg", None)
-    return bool(getattr(cfg, "uses_order", False))
+    return bool(getattr(cfg, "takes_context", False))
+
+
+def context_length(model: torch.nn.Module) -> int:
+    """The length of the window of latest items `model` scores with (a sequence term), 0 for
+    one previous item (an order term) or none: PreparedData.context's `length`."""
+    return int(getattr(getattr(model, "cfg", None), "seq_length", 0) or 0)
 
 
 def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:

@@ -204,7 +204,7 @@ class _Scorer:
 
     def __init__(self, run: Any, data: Any, cfg: RecommendConfig, backend: Any) -> None:
         from ncfcli.evaluate import rows_for
-        from ncfcli.metrics import chunk_users, uses_order
+        from ncfcli.metrics import chunk_users, context_length, uses_order
 
         device = backend.torch_device
         self.data = data
@@ -220,9 +220,11 @@ class _Scorer:
         self.prev = None
         self.after: Any = None  # host int [n_users]: the context item, for the JSON lists
         if uses_order(self.model):
-            context = data.context(context_split(cfg.exclude_seen), backend.xp)
+            split = context_split(cfg.exclude_seen)
+            context = data.context(split, backend.xp, context_length(self.model))
             self.prev = backend.to_torch(context).to(device)
-            self.after = backend.to_numpy(context)
+            latest = context[:, -1] if context.ndim == 2 else context  # a sequence term's last
+            self.after = backend.to_numpy(latest)
         self.device = device
         self.k = cfg.k
         self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows, self.model))

@@ -11,15 +11,21 @@ import shutil
 from pathlib import Path
 
 
-def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...], output: str) -> str:
+def triton_config(
+    name: str, max_batch_size: int, inputs: tuple[str, ...], output: str,
+    widths: dict[str, int] | None = None,
+) -> str:  # fmt: skip
     """config.pbtxt for an exported graph with int64 `inputs` and one float32 `output`.
 
     The graph's tensors are [batch]; Triton's dims exclude the batch dim and may not be empty,
     so each tensor is declared dims [1] (clients send [batch, 1]) with `reshape { shape: [] }`
-    telling Triton the model itself sees [batch].
+    telling Triton the model itself sees [batch]. An input named in `widths` is [batch, width]
+    (a sequence term's window): dims [width], as the model sees it.
     """
 
     def tensor(n: str, dtype: str) -> str:
+        if widths and n in widths:
+            return f'  {{ name: "{n}" data_type: {dtype} dims: [ {widths[n]} ] }}'
         return f'  {{ name: "{n}" data_type: {dtype} dims: [ 1 ] reshape: {{ shape: [ ] }} }}'
 
     return (
@@ -34,7 +40,7 @@ def triton_config(name: str, max_batch_size: int, inputs: tuple[str, ...], outpu
 
 def write_model(
     tdir: Path, name: str, graph: Path, inputs: tuple[str, ...], output: str, desc: dict,
-    max_batch_size: int,
+    max_batch_size: int, widths: dict[str, int] | None = None,
 ) -> None:  # fmt: skip
     """Write the model directory `tdir` atomically: `graph` as 1/model.onnx, its config.pbtxt,
     the id maps found beside `graph`, and `desc` (the graph's JSON) as model.json."""
@@ -47,7 +53,8 @@ def write_model(
         (tmp_t / "1").mkdir()
         write_marker(tmp_t / "1", "triton model", ["model.onnx"])
         shutil.copyfile(graph, tmp_t / "1" / "model.onnx")
-        (tmp_t / "config.pbtxt").write_text(triton_config(name, max_batch_size, inputs, output))
+        (tmp_t / "config.pbtxt").write_text(triton_config(name, max_batch_size, inputs, output,
+                                                                   widths))  # fmt: skip
         for fname in ID_MAPS:
             shutil.copyfile(graph.parent / fname, tmp_t / fname)
         tdesc = {k: v for k, v in desc.items() if k != "session"}

@@ -126,6 +126,30 @@ def test_every_kind_runs_under_autocast(kind: str, batch: int) -> None:
         assert p.grad is None or p.grad.dtype == torch.float32, name
 
 
+def test_the_sequence_term_runs_under_autocast() -> None:
+    """Its loss (backward into fp32 gradients) and its scores under bf16 autocast: close to
+    fp32 (the softmax is taken in fp32)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind="mf", n_users=40, n_items=50, factors=8, order_factors=4,
+                      seq_length=6, seq_factors=16, seq_dropout=0.0)  # fmt: skip
+    model = build_model(cfg)
+    seqs = torch.randint(0, 51, (9, 7))
+    negatives = torch.randint(0, 50, (20,))
+    plain = model.sequence_loss(seqs, negatives)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.sequence_loss(seqs, negatives)
+        loss.backward()
+        model.eval()
+        window = seqs[:, 1:]
+        scored = model.score_all(torch.arange(9), window)
+    torch.testing.assert_close(loss.float(), plain, atol=0.05, rtol=0.05)
+    with torch.no_grad():
+        torch.testing.assert_close(scored.float(), model.score_all(torch.arange(9), window),
+                                   atol=0.05, rtol=0.05)  # fmt: skip
+    grads = [p.grad for p in model.sequence.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 for g in grads)
+
+
 def test_gather_sums_gradients_in_fp32() -> None:
     """A bf16 row that 1,000 samples read gets 1 + 1000 x 0.001 = 2: in bf16 (8 bits of
     mantissa) each 0.001 would vanish against the 1 and the sum would stay 1."""

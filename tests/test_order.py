@@ -48,7 +48,7 @@ def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def order_run(eras: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The defaults on data whose next item follows the last: the probe turns the term on."""
     run = tmp_path_factory.mktemp("order") / "run"
-    result = train(eras, run, "--seed", "1")
+    result = train(eras, run, "--seed", "1", "--sequence-length", "0")
     assert result["order_factors"] == 64
     (run.parent / "result.json").write_text(json.dumps(result))
     return run

@@ -186,10 +186,11 @@ def test_the_probe_turns_the_default_on_only_where_time_says_something(tmp_path:
     assert config["train"]["recency_weight"] == DEFAULT_W and config["recency_probe"]["on"] is True
     row = next(line for line in res.output.splitlines() if "recency weight" in line)
     assert f"{DEFAULT_W:g} (validation probe: z {ordered.z:.1f}, time signal)" in row
-    # The user's value is used as given: no probe, nothing recorded for it.
+    # The user's value is used as given: no probe, nothing recorded for it (the sequence
+    # term's default would run the probe too: it is given as well).
     run = tmp_path / "given"
-    res = ncf("train", tmp_path / "shuffled", "--recency-weight", "3", "--epochs", "1", "--out",
-              run, "--device", "cpu", "-q")  # fmt: skip
+    res = ncf("train", tmp_path / "shuffled", "--recency-weight", "3", "--sequence-length", "0",
+              "--epochs", "1", "--out", run, "--device", "cpu", "-q")  # fmt: skip
     config = json.loads((run / "config.json").read_text())
     assert config["train"]["recency_weight"] == 3.0 and "recency_probe" not in config
 

@@ -71,6 +71,7 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
         "seconds",
         "recency_weight",
         "order_factors",
+        "sequence_length",
         "select_metric",
     }
     assert (out["selected_by"], out["dataset_split"]) == ("validation", "time")
@@ -277,12 +278,19 @@ def test_layers_before_the_data_dir_and_target_hr(prepared_dir: Path, tmp_path: 
     assert all(m["validation"]["hr@10"] < 0.2 for m in metrics(run)[:-1])  # it is validation's
 
 
-def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
+@pytest.mark.parametrize("scales", [(1.0,), (1.0, 0.25)])
+def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout(scales: tuple[float, ...]) -> None:
+    """One param group, or two (a sequence term's at a quarter of the lr: optim.param_groups)."""
     torch.manual_seed(0)
     ours_w = [torch.randn(7, 3, requires_grad=True), torch.randn(3, requires_grad=True)]
     ref_w = [w.detach().clone().requires_grad_(True) for w in ours_w]
-    ours = train_optim._CpuAdam(ours_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
-    ref = torch.optim.Adam(ref_w, lr=0.01, betas=(0.25, 0.5), eps=1e-8)
+    split = [ours_w] if len(scales) == 1 else [ours_w[:1], ours_w[1:]]
+    ref_split = [ref_w] if len(scales) == 1 else [ref_w[:1], ref_w[1:]]
+    ours = train_optim._CpuAdam(list(zip(split, scales, strict=True)), lr=0.01, betas=(0.25, 0.5),
+                                eps=1e-8)  # fmt: skip
+    ref = torch.optim.Adam([{"params": ws, "lr": 0.01 * k, "lr_scale": k}
+                            for ws, k in zip(ref_split, scales, strict=True)],
+                           lr=0.01, betas=(0.25, 0.5), eps=1e-8)  # fmt: skip
     for step in range(4):
         for opt, ws in ((ours, ours_w), (ref, ref_w)):
             opt.zero_grad(set_to_none=True)
@@ -292,9 +300,11 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout() -> None:
         torch.testing.assert_close(a, b)
     # Checkpoints move between CPU (ours) and GPU (torch's) runs: each loads the other's state.
     ref.load_state_dict(ours.state_dict())
-    again = train_optim._CpuAdam(ours_w, lr=0.5, betas=(0.9, 0.9), eps=1.0)
+    again = train_optim._CpuAdam(list(zip(split, scales, strict=True)), lr=0.5, betas=(0.9, 0.9),
+                                 eps=1.0)  # fmt: skip
     again.load_state_dict(ref.state_dict())
-    assert again.param_groups[0]["lr"] == 0.01 and float(again.steps[0]) == 4
+    assert [g["lr"] for g in again.param_groups] == [0.01 * k for k in scales]
+    assert float(again.steps[0]) == 4
     torch.testing.assert_close(again.exp_avg_sq[1], ref.state[ref_w[1]]["exp_avg_sq"])
 
 

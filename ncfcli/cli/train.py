@@ -170,6 +170,8 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
           if result.recency_weight or result.recency_probe else []),
         ("order term", f"{result.order_factors} factors" if result.order_factors else "off"),
+        ("sequence term", f"latest {result.sequence_length} items" if result.sequence_length
+         else "off"),
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),

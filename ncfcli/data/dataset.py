@@ -174,9 +174,23 @@ class PreparedData:
         out[order] = prev
         return out
 
-    def context(self, split: str, xp: Any) -> Any:
+    def histories(self, length: int, xp: Any) -> Any:
+        """int32 [n_users, length]: each user's latest `length` training items, oldest first,
+        right-aligned and padded with n_items (the sequence term's training sequences and its
+        validation window, ncfcli/model/sequence.py); needs train_age."""
+        age = self._time_order()
+        out = xp.full(self.n_users * length, self.n_items, dtype=xp.int32)
+        recent = xp.nonzero(age < length)[0]  # age 0 is the latest: the last column
+        cell = self.train_users[recent].astype(xp.int64) * length + (length - 1 - age[recent])
+        out[cell] = self.train_items[recent]  # one cell per (user, age): no index repeats
+        return out.reshape(self.n_users, length)
+
+    def context(self, split: str, xp: Any, length: int = 0) -> Any:
         """int32 [n_users]: the item each user interacted with just before the items scored
-        for `split` (n_items where there is none), the order term's context at scoring time:
+        for `split` (n_items where there is none), the order term's context at scoring time;
+        with `length` > 0, int32 [n_users, length]: the latest `length` such items, oldest
+        first, right-aligned and padded with n_items, whose last column is that item (the
+        sequence term's window):
 
             validation   the user's latest training item (age 0)
             test         the validation item where the user has one, else the latest training
@@ -187,15 +201,15 @@ class PreparedData:
         Only items before the one scored: nothing held out for `split` is read."""
         if split == "next":
             self._whole("the latest item of every user")
-            return self.test_items.astype(xp.int32)
+            if not length:
+                return self.test_items.astype(xp.int32)
+            return _shift_in(self.context("test", xp, length), None, self.test_items, xp)
         if split not in SPLITS:
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
-        out = xp.full(self.n_users, self.n_items, dtype=xp.int32)
-        latest = xp.nonzero(self._time_order() == 0)[0]
-        out[self.train_users[latest]] = self.train_items[latest]
+        window = self.histories(max(length, 1), xp)
         if split == "test" and self.has_validation:
-            out[self.valid_users] = self.valid_items
-        return out
+            window = _shift_in(window, self.valid_users, self.valid_items, xp)
+        return window if length else window[:, -1].copy()
 
     def _whole(self, what: str) -> None:
         """Refuse, in a shard view (load_prepared(buckets=)), what needs every user."""
@@ -566,3 +580,13 @@ def load_id_maps(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
         except (OSError, KeyError, ValueError) as e:
             raise NcfError(f"{f} is missing or corrupt: {e}") from None
     return out[0], out[1]
+
+
+def _shift_in(window: Any, users: Any, items: Any, xp: Any) -> Any:
+    """`window` [n_users, L] with items [n] appended as the latest of users [n] (None: every
+    user, in order): their rows move one column left, the oldest item dropping out."""
+    out = window.copy()
+    rows = slice(None) if users is None else users
+    out[rows, :-1] = window[rows, 1:]
+    out[rows, -1] = items.astype(xp.int32)
+    return out

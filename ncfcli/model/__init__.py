@@ -11,7 +11,9 @@ is the predicted probability of an interaction. Ids are dense (as prepared), int
 - mf: dot product plus user, item and global biases (Rendle et al., 2020).
 
 Any kind may add an order term (`order_factors` > 0, FPMC-style: Rendle et al., 2010): the
-logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before.
+logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before; and
+a sequence term (`seq_length` L > 0, SASRec-style: Kang and McAuley, 2018): scale x <h, E[item]>,
+h the state of a causal self-attention encoder after the user's latest L items.
 
 One file per part of the paper, each with its equations and tensor shapes:
 
@@ -19,6 +21,7 @@ One file per part of the paper, each with its equations and tensor shapes:
     gmf.py      GMF: p_u ⊙ q_i                         [B, factors]
     mlp.py      MLP: phi_L(...phi_2([p_u; q_i])...)    [B, layers[-1]]
     order.py    the order term <P[prev], Q[item]>      [B]
+    sequence.py the sequence term scale <h, E[item]>    [B]; its own loss on sequences
     bias.py     MF's b_u + b_i + b                     [B]
     neumf.py    NCF: the towers joined by the head     [B]; score_all [U, n_items]
     layers.py   what they share: tables, the row gather, SplitLinear, ReLU + dropout

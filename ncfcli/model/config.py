@@ -22,6 +22,11 @@ class ModelConfig:
     )  # MLP sizes; layers[0] = 2 x MLP embedding
     dropout: float = 0.5  # dropout after each MLP hidden layer
     order_factors: int = 0  # width of the order term's tables (0: no order term)
+    seq_length: int = 0  # latest items the sequence term reads (0: no sequence term)
+    seq_factors: int = 64  # the sequence term's width
+    seq_blocks: int = 2  # its self-attention blocks
+    seq_dropout: float = 0.5  # its dropout (SASRec's for Amazon Beauty; chosen on its validation)
+    seq_weight: float = 1.0  # its share of the score (ncfcli/model/sequence.py: calibrate)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -39,6 +44,15 @@ class ModelConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.order_factors < 0:
             raise ValueError(f"--order-factors must be >= 0, got {self.order_factors}")
+        if self.seq_length < 0:
+            raise ValueError(f"--sequence-length must be >= 0, got {self.seq_length}")
+        if self.uses_sequence:
+            if self.seq_factors < 1 or self.seq_blocks < 1:
+                raise ValueError(f"--sequence-factors must be >= 1, got {self.seq_factors}")
+            if not 0.0 <= self.seq_dropout < 1.0:
+                raise ValueError(f"the sequence dropout must be in [0, 1), got {self.seq_dropout}")
+            if not self.seq_weight > 0.0:
+                raise ValueError(f"--sequence-weight must be > 0, got {self.seq_weight}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -63,3 +77,13 @@ class ModelConfig:
     @property
     def uses_order(self) -> bool:
         return self.order_factors > 0
+
+    @property
+    def uses_sequence(self) -> bool:
+        return self.seq_length > 0
+
+    @property
+    def takes_context(self) -> bool:
+        """Does the model score with a third input: the previous item [B] (the order term), or
+        the latest seq_length items [B, L] (the sequence term; the order term reads its last)?"""
+        return self.uses_order or self.uses_sequence

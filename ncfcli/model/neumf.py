@@ -30,6 +30,7 @@ from ncfcli.model.gmf import GMF
 from ncfcli.model.layers import SplitLinear, lecun_uniform_, row_sq_sum, table
 from ncfcli.model.mlp import MLP, mlp_layers
 from ncfcli.model.order import Order
+from ncfcli.model.sequence import Sequence
 
 
 class NCF(nn.Module):
@@ -45,6 +46,7 @@ class NCF(nn.Module):
     mlp_tower: MLP | None
     order_term: Order | None
     biases: Biases | None
+    sequence: Sequence | None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -71,6 +73,12 @@ class NCF(nn.Module):
             self.user_bias, self.item_bias, self.global_bias = bias_tables(cfg.n_users, cfg.n_items)
         else:
             self.head = SplitLinear(self._head_sizes(), 1, lecun_uniform_)
+        # The sequence term owns its tables and layers; created last, so a seed gives the other
+        # kinds the weights it always gave.
+        self.sequence = None
+        if cfg.uses_sequence:
+            self.sequence = Sequence(cfg.n_items, cfg.seq_length, cfg.seq_factors,
+                                     cfg.seq_blocks, cfg.seq_dropout)  # fmt: skip
         self._towers()
 
     def _towers(self) -> None:
@@ -162,7 +170,24 @@ class NCF(nn.Module):
         return total
 
     def _check_prev(self, prev: torch.Tensor | None) -> torch.Tensor | None:
-        if (prev is not None) != self.cfg.uses_order:
+        """The third input: None, the previous items [B] (the order term) or the windows [B, L]
+        (the sequence term). In training a sequence model takes the order term's [B] (or None
+        without one): its pointwise loss leaves the sequence term to its own (`sequence_loss`)."""
+        cfg = self.cfg
+        if cfg.uses_sequence:
+            if prev is not None and prev.dim() == 2 and prev.shape[1] == cfg.seq_length:
+                return prev
+            if (
+                self.training
+                and (prev is None or prev.dim() == 1)
+                and ((prev is not None) == cfg.uses_order)
+            ):
+                return prev
+            raise ValueError(f"a model with a sequence term scores (user, item, the user's latest "
+                             f"{cfg.seq_length} items [B, {cfg.seq_length}])")  # fmt: skip
+        if prev is not None and prev.dim() != 1:
+            raise ValueError("this model has no sequence term: it takes one previous item per row")
+        if (prev is not None) != cfg.uses_order:
             raise ValueError("a model with an order term scores (user, item, previous item); "
                              "one without it (user, item)" if prev is None else
                              "this model has no order term: it takes no previous item")  # fmt: skip
@@ -171,8 +196,8 @@ class NCF(nn.Module):
     def forward(
         self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """users [B], items [B] (int32/int64), and prev [B] for a model with an order term
-        -> logits [B]."""
+        """users [B], items [B] (int32/int64), and prev: [B] for a model with an order term,
+        the windows [B, L] for one with a sequence term -> logits [B]."""
         prev = self._check_prev(prev)
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
@@ -180,8 +205,37 @@ class NCF(nn.Module):
         out = self._pair(users, items)
         if prev is None:
             return out
-        assert self.order_term is not None
-        return out + self.order_term(items, prev)
+        window = prev if prev.dim() == 2 else None
+        if self.order_term is not None:
+            out = out + self.order_term(items, prev[:, -1] if window is not None else prev)
+        if window is not None:
+            assert self.sequence is not None
+            out = out + self.sequence(items, window)
+        return out
+
+    def sequence_loss(
+        self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1
+    ) -> torch.Tensor:
+        """The sequence term's own loss on users' latest items seqs [b, L + 1] (Sequence.loss)."""
+        assert self.sequence is not None
+        return self.sequence.loss(seqs, negatives, total, ranks)
+
+    @torch.no_grad()
+    def calibrate(self, users: torch.Tensor, window: torch.Tensor) -> None:
+        """Set the sequence term's scale to seq_weight x s_kind / s_seq, s being the mean over
+        `users` [U] (windows [U, L]) of the spread (standard deviation) of each user's scores
+        over every item: the kind's (with its order term) and the sequence term's unscaled."""
+        if self.sequence is None:
+            return
+        was = self.training
+        self.eval()
+        kind = self._score_pairs(users.long(), None)
+        if self.order_term is not None:
+            kind = self.order_term.add_scores(kind, window[:, -1].long())
+        s_kind = kind.float().std(dim=1).mean()
+        s_seq = self.sequence.raw_scores(window).float().std(dim=1).mean()
+        self.sequence.scale.fill_(float(self.cfg.seq_weight * s_kind / s_seq.clamp_min(1e-12)))
+        self.train(was)
 
     def _pair(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """The (user, item) logit [B], without the order term."""
@@ -217,8 +271,14 @@ class NCF(nn.Module):
         out = self._score_pairs(users.long(), items)
         if prev is None:
             return out
-        assert self.order_term is not None
-        return self.order_term.add_scores(out, prev, items)
+        window = prev if prev.dim() == 2 else None
+        if self.order_term is not None:
+            last = prev[:, -1] if window is not None else prev
+            out = self.order_term.add_scores(out, last, items)
+        if window is not None:
+            assert self.sequence is not None
+            out = self.sequence.add_scores(out, window, items)
+        return out
 
     def _score_pairs(self, users: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:
         """users [U] -> the (user, item) logits [U, n_items] (or [U, B] / [U, C] for the items

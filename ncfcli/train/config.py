@@ -76,7 +76,8 @@ LR_SCALE_POWER = 0.75
 LR_SCALE_POWER_ORDER = 0.5
 LR_SCALE_CAP = 8.0
 LR_WARMUP_EPOCHS = 0  # a warm-up epoch cost 0.007-0.016 validation HR@10 at 2^16-2^17 on ml-100k
-ARCH_FIELDS = ("model", "factors", "layers", "dropout", "order_factors")
+ARCH_FIELDS = ("model", "factors", "layers", "dropout", "order_factors", "sequence_length",
+               "sequence_factors", "sequence_weight")  # fmt: skip
 # What --resume may not change, and why (every other option may: it applies from the next step
 # and config.json's `resumes` records the change). The architecture is the checkpoint's weights;
 # seed, negatives, batch and scaling define every epoch's samples and steps, which is what makes
@@ -99,13 +100,14 @@ FIXED_ON_RESUME = {
 REFIT_OWN = ("micro_batch", "eval_batch", "keep_checkpoints")
 # Options added after runs were first saved, with the value that reproduces what such a run
 # did: resuming it keeps that value, not today's default.
-LEGACY = {"recency_weight": 0.0, "order_factors": 0, "select_metric": "hr@10"}
+LEGACY = {"recency_weight": 0.0, "order_factors": 0, "select_metric": "hr@10",
+          "sequence_length": 0}  # fmt: skip
 # Defaults that need the time order of the training positives: these values without one.
-TIME_DEFAULTS: dict[str, Any] = {"recency_weight": 0.0, "order_factors": 0}
+TIME_DEFAULTS: dict[str, Any] = {"recency_weight": 0.0, "order_factors": 0, "sequence_length": 0}
 # Of those, the ones the validation probe (recency.probe) also keeps on or turns off. The order
 # term is not among them: on ml-100k-sparse it gained 0.03 validation HR@10 where the probe
 # finds nothing (z 0.0), and cost 0.003 where times are random (docs/training-defaults.md).
-PROBED = ("recency_weight",)
+PROBED = ("recency_weight", "sequence_length")
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,16 @@ class TrainConfig:
     order_factors: int | None = opt(
         None, "Order term width: the previous item's pull on the item (0 = off; needs a time "
         "order).", DATA, shown=BY_SIZE, check=AT_LEAST_0,
+    )  # fmt: skip
+    sequence_length: int | None = opt(
+        None, "Sequence term: attention over the latest N items (0 = off).", DATA,
+        shown=BY_SIZE, check=AT_LEAST_0,
+    )  # fmt: skip
+    sequence_factors: int | None = opt(
+        None, "Sequence term width.", DATA, shown="64", check=AT_LEAST_1,
+    )  # fmt: skip
+    sequence_weight: float | None = opt(
+        None, "Sequence term's share of the score.", DATA, shown="1", check=POSITIVE_FINITE,
     )  # fmt: skip
     approx_negatives: bool | None = opt(
         None, "Unverified negatives, as NVIDIA's (may hit positives).", DATA,

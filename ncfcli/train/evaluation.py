@@ -91,8 +91,8 @@ def eval_sets(
     out = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held: tuple[Any, ...] = data.held_out(split, backend.xp)
-        if cfg.order_factors:  # each user's latest item before the held-out one
-            held += (data.context(split, backend.xp)[held[0]],)
+        if cfg.order_factors or cfg.sequence_length:  # the latest item(s) before the held-out one
+            held += (data.context(split, backend.xp, int(cfg.sequence_length or 0))[held[0]],)
         lo, hi = env.shard(int(held[0].shape[0])) if data.shard is None else (None, None)
         out[split] = tuple(backend.to_torch(a)[lo:hi] for a in held)
     return out
@@ -110,8 +110,9 @@ def full_sets(
                        "each validated epoch, which needs the whole dataset on each rank: use "
                        "--shard none, or a sampled metric (hr@10, ndcg@10)")  # fmt: skip
     prev = None
-    if cfg.order_factors:
-        prev = backend.to_torch(data.context(select, backend.xp)).to(backend.torch_device)
+    if cfg.order_factors or cfg.sequence_length:
+        context = data.context(select, backend.xp, int(cfg.sequence_length or 0))
+        prev = backend.to_torch(context).to(backend.torch_device)
     return {select: full_split(data, select, backend, prev)}
 
 

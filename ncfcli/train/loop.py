@@ -219,16 +219,17 @@ def _steps(
     step = first
     dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
     for users, items, labels, weights, prev in batches.batches(first):
-        if cfg.dropout:
+        if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
             _seed_dropout(s.device, dropout_base, step)
         # Set every step (a resumed run's optimizer state holds the old run's lr).
         ep.lr_now = lr_at(cfg, (epoch - 1) * n_steps + step, n_steps)
         ep.lr_first = ep.lr_now if ep.lr_first is None else ep.lr_first
         for g in s.optimizer.param_groups:
-            g["lr"] = ep.lr_now
+            g["lr"] = ep.lr_now * g.get("lr_scale", 1.0)
         s.optimizer.zero_grad(set_to_none=True)
+        seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
         loss = _step_gradients(
-            s.ddp, s.model, users, items, labels, weights, prev, cfg, s.amp_ctx, s.scaler
+            s.ddp, s.model, users, items, labels, weights, prev, cfg, s.amp_ctx, s.scaler, seqs
         )
         s.scaler.step(s.optimizer)
         s.scaler.update()
@@ -307,6 +308,8 @@ def _end_epoch(
     scores: dict[str, dict[str, float]] = {}
     improved = False
     if scored:
+        if s.calibration is not None:  # the sequence term's share of the score (model/sequence.py)
+            s.model.calibrate(*s.calibration)
         choose = "test" if s.select == "last" else s.select
         scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch,
                                                 s.full_sets)  # fmt: skip
@@ -346,6 +349,7 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=s.probed.to_dict() if s.probed is not None else None,
         order_factors=int(cfg.order_factors or 0), shard=s.shard,
+        sequence_length=int(cfg.sequence_length or 0),
         select_metric=str(cfg.select_metric),
     )  # fmt: skip
 

@@ -37,13 +37,22 @@ class _CpuAdam:
     """Adam for CPU runs without torch.optim: building any torch.optim optimizer imports
     torch._dynamo, about 1.5 s, a tenth of ml-100k's whole budget. Same update (aten's fused Adam
     kernel, as `torch.optim.Adam(fused=True)` runs) and the same state_dict layout, so a
-    checkpoint moves between CPU and GPU runs."""
+    checkpoint moves between CPU and GPU runs. `groups`: (parameters, lr scale) pairs, each a
+    param group whose lr is `lr_scale` x the run's (`lr_at`)."""
 
-    def __init__(self, params: Any, lr: float, betas: tuple[float, float], eps: float) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        self.param_groups: list[dict[str, Any]] = [{"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0,
+    def __init__(
+        self, groups: list[tuple[list[Any], float]], lr: float, betas: tuple[float, float],
+        eps: float,
+    ) -> None:  # fmt: skip
+        self.param_groups: list[dict[str, Any]] = []
+        self.params: list[Any] = []
+        for params, scale in groups:
+            first = len(self.params)
+            self.params += [p for p in params if p.requires_grad]
+            self.param_groups.append({"lr": lr * scale, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0,
                               "amsgrad": False, "maximize": False, "foreach": None,
-                              "capturable": False, "differentiable": False, "fused": True}]  # fmt: skip
+                              "capturable": False, "differentiable": False, "fused": True,
+                              "lr_scale": scale, "index": list(range(first, len(self.params)))})  # fmt: skip
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
@@ -54,31 +63,36 @@ class _CpuAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        g = self.param_groups[0]
-        live = [k for k, p in enumerate(self.params) if p.grad is not None]
-        pick = lambda xs: [xs[k] for k in live]  # noqa: E731
-        torch._foreach_add_(pick(self.steps), 1.0)
-        torch._fused_adam_(
-            pick(self.params), [self.params[k].grad for k in live], pick(self.exp_avg),
-            pick(self.exp_avg_sq), [], pick(self.steps), lr=float(g["lr"]), beta1=g["betas"][0],
-            beta2=g["betas"][1], weight_decay=0.0, eps=g["eps"], amsgrad=False, maximize=False,
-        )  # fmt: skip
+        for g in self.param_groups:
+            live = [k for k in g["index"] if self.params[k].grad is not None]
+            if not live:
+                continue
+            steps = [self.steps[k] for k in live]
+            torch._foreach_add_(steps, 1.0)
+            torch._fused_adam_(
+                [self.params[k] for k in live], [self.params[k].grad for k in live],
+                [self.exp_avg[k] for k in live], [self.exp_avg_sq[k] for k in live], [], steps,
+                lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], weight_decay=0.0,
+                eps=g["eps"], amsgrad=False, maximize=False,
+            )  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         state = {k: {"step": self.steps[k].clone(), "exp_avg": self.exp_avg[k].clone(),
                      "exp_avg_sq": self.exp_avg_sq[k].clone()}
                  for k in range(len(self.params)) if float(self.steps[k]) > 0}  # fmt: skip
-        return {
-            "state": state,
-            "param_groups": [{**self.param_groups[0], "params": list(range(len(self.params)))}],
-        }
+        groups = []
+        for g in self.param_groups:
+            group = {k: v for k, v in g.items() if k != "index"}
+            groups.append({**group, "params": list(g["index"])})
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        group = dict(sd["param_groups"][0])
-        if len(group.get("params", [])) != len(self.params):
+        theirs = [len(g.get("params", [])) for g in sd["param_groups"]]
+        if theirs != [len(g["index"]) for g in self.param_groups]:
             raise NcfError("the checkpoint's optimizer state does not match the model")
-        for key in ("lr", "betas", "eps"):
-            self.param_groups[0][key] = tuple(group[key]) if key == "betas" else group[key]
+        for mine, group in zip(self.param_groups, sd["param_groups"], strict=True):
+            for key in ("lr", "betas", "eps"):
+                mine[key] = tuple(group[key]) if key == "betas" else group[key]
         for k, st in sd["state"].items():
             k = int(k)
             self.steps[k] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(()).clone()
@@ -98,13 +112,32 @@ def make_optimizer(
     assert cfg.lr is not None  # resolved
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    groups = param_groups(model)
     optimizer: Any
     if backend.is_cuda or scaler.is_enabled():
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=betas, eps=float(cfg.eps or 1e-8),
-                                     fused=backend.is_cuda or None)  # fmt: skip
+        optimizer = torch.optim.Adam(
+            [{"params": ps, "lr": cfg.lr * scale, "lr_scale": scale} for ps, scale in groups],
+            lr=cfg.lr, betas=betas, eps=float(cfg.eps or 1e-8), fused=backend.is_cuda or None,
+        )  # fmt: skip
     else:
-        optimizer = _CpuAdam(model.parameters(), lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
+        optimizer = _CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
     return optimizer, scaler
+
+
+# The sequence term's lr, a fraction of the run's: its Transformer overfits at MF's lr. On
+# Beauty's validation split, 0.004 (MF's) peaked in 4 epochs and fell on the sampled protocol,
+# 0.001 held its level from epoch 8 to 16 while full ranking kept improving (docs/train.md).
+SEQUENCE_LR_SCALE = 0.25
+
+
+def param_groups(model: torch.nn.Module) -> list[tuple[list[Any], float]]:
+    """(parameters, lr scale) per Adam param group: the model's, then a sequence term's own."""
+    sequence = getattr(model, "sequence", None)
+    if sequence is None:
+        return [(list(model.parameters()), 1.0)]
+    own = {id(p) for p in sequence.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in own]
+    return [(rest, 1.0), (list(sequence.parameters()), SEQUENCE_LR_SCALE)]
 
 
 def _decay(kind: str, done: float) -> float:
@@ -188,18 +221,22 @@ def _step_gradients(
     cfg: TrainConfig,
     amp_ctx: Any,
     scaler: torch.amp.GradScaler,
+    seqs: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
     gradients, in slices of at most cfg.micro_batch samples (gradient accumulation: each slice
     adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
-    DDP all-reduces once, on the last slice. Returns the batch's loss, detached."""
+    `seqs` (sequences, negatives, the step's next items, ranks), with a sequence term: its own loss joins the last slice's
+    (the two read disjoint parameters). DDP all-reduces once, on the last slice. Returns the
+    batch's pointwise loss, detached."""
     n = labels.shape[0]
     l2 = float(cfg.l2 or 0.0)
     size = min(n, cfg.micro_batch or n)
     if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
             loss = _slice_loss(ddp, model, users, items, labels, weights, prev, l2, n)
-        scaler.scale(loss).backward()
+            extra = model.sequence_loss(*seqs) if seqs is not None else 0.0
+        scaler.scale(loss + extra).backward()
         return loss.detach()
     total = torch.zeros((), dtype=torch.float32, device=labels.device)
     no_sync: Any = getattr(ddp, "no_sync", None)  # DistributedDataParallel's
@@ -212,6 +249,8 @@ def _step_gradients(
             with amp_ctx():
                 loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, p,
                                    l2, n)  # fmt: skip
-            scaler.scale(loss).backward()
+                last = hi == n and seqs is not None
+                extra = model.sequence_loss(*seqs) if last and seqs is not None else 0.0
+            scaler.scale(loss + extra).backward()
         total += loss.detach()
     return total

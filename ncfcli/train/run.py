@@ -60,6 +60,7 @@ class TrainResult:
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
     order_factors: int = 0  # the --order-factors the run trained with
+    sequence_length: int = 0  # the --sequence-length the run trained with
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
     select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
 
@@ -79,6 +80,7 @@ class TrainResult:
             "seconds": self.seconds,
             "recency_weight": self.recency_weight,
             "order_factors": self.order_factors,
+            "sequence_length": self.sequence_length,
         }
         if self.shard is not None and self.world_size > 1:  # one process: nothing to lay out
             out["shard"] = self.shard

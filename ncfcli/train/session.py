@@ -13,6 +13,7 @@ from ncfcli import recency
 from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
+from ncfcli.data.sequences import SequenceBatches
 from ncfcli.distributed import DistEnv
 from ncfcli.model import ModelConfig
 from ncfcli.train.config import TrainConfig
@@ -53,6 +54,8 @@ class Session:
     partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
     best: dict[str, Any] | None = None
+    sequences: SequenceBatches | None = None  # the sequence term's batches (data/sequences.py)
+    calibration: tuple[torch.Tensor, torch.Tensor] | None = None  # its users and windows
 
     def amp_ctx(self) -> Any:
         return torch.autocast(

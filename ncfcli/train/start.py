@@ -32,6 +32,7 @@ from ncfcli import recency
 from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
+from ncfcli.data.sequences import SequenceBatches
 from ncfcli.defaults import ORDER_FACTORS_ON
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
@@ -90,6 +91,7 @@ def start(
 
         ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
     sampler, local_batch = _sampler(cfg, data, env, backend, shard["rank_rows"], layout)
+    sequences, calibration = _sequences(cfg, data, env, backend, layout)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = selecting_split(data)
     held = eval_sets(cfg, data, env, backend)
@@ -100,7 +102,8 @@ def start(
                    local_batch=local_batch, eval_sets=held, full_sets=full, select=select,
                    dataset_info=describe_dataset(cfg, data), replace_run=replace_run, probed=probed,
                    resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
-                   shard=shard, **restored)  # fmt: skip
+                   shard=shard, sequences=sequences, calibration=calibration,
+                   **restored)  # fmt: skip
 
 
 def _resumed(
@@ -196,8 +199,10 @@ def _model_config(cfg: TrainConfig, data: PreparedData) -> ModelConfig:
     try:
         return ModelConfig(kind=cfg.model or "neumf", n_users=data.n_users, n_items=data.n_items,
                            factors=cfg.factors or 1, layers=tuple(cfg.layers or (2,)),
-                           dropout=cfg.dropout or 0.0,
-                           order_factors=cfg.order_factors or 0)  # fmt: skip
+                           dropout=cfg.dropout or 0.0, order_factors=cfg.order_factors or 0,
+                           seq_length=cfg.sequence_length or 0,
+                           seq_factors=cfg.sequence_factors or 64,
+                           seq_weight=float(cfg.sequence_weight or 1.0))  # fmt: skip
     except ValueError as e:
         raise NcfError(str(e), exit_code=2) from None
 
@@ -271,3 +276,26 @@ def _sampler(
     )
     set_threads(backend, local_batch)
     return sampler, local_batch
+
+
+CALIBRATION_USERS = 2048  # users whose score spreads set the sequence term's scale
+
+
+def _sequences(
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, layout: Layout
+) -> tuple[SequenceBatches | None, tuple[torch.Tensor, torch.Tensor] | None]:
+    """With a sequence term: its training batches, and the users (an even spread of at most
+    CALIBRATION_USERS) and windows (their latest training items) that calibrate its scale."""
+    length = int(cfg.sequence_length or 0)
+    if not length:
+        return None, None
+    if layout.sharded:
+        raise NcfError("--sequence-length reads every user's latest items on every rank, and "
+                       "--shard users gives a rank its own users only: add --shard none, or "
+                       "--sequence-length 0", exit_code=2)  # fmt: skip
+    check_ages(cfg, data, "--sequence-length")
+    batches = SequenceBatches(data, length, backend, env, seed=cfg.seed or 0)
+    stride = max(1, -(-data.n_users // CALIBRATION_USERS))
+    users = torch.arange(0, data.n_users, stride, device=batches.device)
+    window = backend.to_torch(data.context("validation", backend.xp, length)).to(batches.device)
+    return batches, (users, window[users])

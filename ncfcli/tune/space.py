@@ -2,7 +2,8 @@
 
 Each setting is named after its kind (`neumf.lr`, `als.als_reg`), so the sampler (TPE, in
 groups) learns each kind's space apart, and the importances are read per kind. A setting the
-dataset cannot use is not searched: the order term and the recency weight need a time order
+dataset cannot use is not searched: the order term, the sequence term and the recency weight
+need a time order
 (`ncf prepare --split time`), and a batch never leaves fewer than MIN_STEPS steps an epoch.
 """
 
@@ -15,6 +16,7 @@ NCF_KINDS = ("mf", "neumf", "gmf", "mlp")
 FACTORS = (16, 32, 64, 128, 256)
 LAYERS = {"small": (64, 32, 16), "medium": (128, 64, 32), "large": (256, 128, 64)}
 ORDER_FACTORS = (0, 32, 64, 128)
+SEQUENCE_LENGTHS = (0, 10, 20, 50)
 MIN_STEPS = 50  # steps an epoch, at least, for the largest batch a trial may draw
 
 
@@ -61,8 +63,10 @@ def _ncf(trial: Any, kind: str, meta: dict[str, Any]) -> dict[str, Any]:
                                                           list(ORDER_FACTORS))  # fmt: skip
         over["recency_weight"] = trial.suggest_categorical(f"{kind}.recency_weight",
                                                            [0.0, 4.0, 16.0, 64.0])  # fmt: skip
+        over["sequence_length"] = trial.suggest_categorical(f"{kind}.sequence_length",
+                                                            list(SEQUENCE_LENGTHS))  # fmt: skip
     else:
-        over["order_factors"], over["recency_weight"] = 0, 0.0
+        over["order_factors"], over["recency_weight"], over["sequence_length"] = 0, 0.0, 0
     return over
 
 
@@ -108,4 +112,6 @@ def default_params(kinds: tuple[str, ...], meta: dict[str, Any]) -> dict[str, An
         weights = (0.0, 4.0, 16.0, 64.0)
         rw = float(d["recency_weight"])
         params[f"{kind}.recency_weight"] = min(weights, key=lambda w: abs(w - rw))
+        length = int(d["sequence_length"])
+        params[f"{kind}.sequence_length"] = min(SEQUENCE_LENGTHS, key=lambda n: abs(n - length))
     return params

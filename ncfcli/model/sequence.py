@@ -1,0 +1,139 @@
+"""The sequence term, SASRec-style (Kang and McAuley, 2018): `python -m pytest tests/test_sequence.py`.
+
+    sequence(u, i) = scale * <h_u, E[i]>,   h_u = the last state of Enc(E[w_1] .. E[w_L])
+
+added to any kind's logit (`--sequence-length L` > 0). w_1 .. w_L are the user's latest L items
+before the one scored, oldest first, right-aligned and padded with n_items (E's last row, kept
+at 0): in scoring the latest training items (and the validation item, for the test split), as
+PreparedData.context(split, length=L) gives them. Enc is `blocks` pre-norm causal self-attention
+blocks of one head, `factors` wide, over the item rows (times sqrt(factors)) plus a learned
+position row, with dropout; a final LayerNorm. A model with the term takes that window as its
+third input everywhere: forward(users, items, window [B, L]), score_all(users, window [U, L]),
+the ONNX graph; the order term, where there is one too, reads the window's last column.
+
+Training: the term has its own objective, in the same steps as the kind's pointwise loss: each
+step also takes a share of the users (`SequenceBatches`, ncfcli/data/sequences.py), their latest
+L + 1 training items, and every position predicts the next item against `negatives` items drawn
+uniformly for the step, in one softmax (a sampled softmax, as SASRec's successors train it).
+The kind's loss does not see the term, and the term's loss does not see the kind's tables, so
+the two are fitted side by side by one Adam (the term in its own param group, at a quarter of
+the run's lr: ncfcli/train/optim.py) and scored as one.
+
+`scale` joins them: the two logits are on unrelated scales (a BCE's and a softmax's), so before
+each scoring the model sets scale = weight x s_kind / s_seq (`calibrate`), s being each part's
+spread of scores within a user, over a fixed sample of users and every item, and `weight` (`
+--sequence-weight`, 1 by default) the share the term gets. The scale is a buffer: checkpoints,
+`ncf eval`, `ncf export` and `ncf recommend` use the one the chosen epoch was scored with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ncfcli.model.layers import dot_items
+
+
+class Block(nn.Module):
+    """x + Attn(LN(x)), then x + FF(LN(x)): one head, causal; FF = W2 ReLU(W1 x), d -> d -> d."""
+
+    def __init__(self, width: int, dropout: float) -> None:
+        super().__init__()
+        self.norm_attn = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.norm_ff = nn.LayerNorm(width)
+        self.ff_in = nn.Linear(width, width)
+        self.ff_out = nn.Linear(width, width)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+        """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d]."""
+        q, k, v = self.qkv(self.norm_attn(x)).chunk(3, dim=-1)
+        att = (q @ k.transpose(1, 2)) / math.sqrt(x.shape[-1])
+        att = self.dropout(att.masked_fill(blocked, float("-inf")).softmax(dim=-1))
+        x = x + self.dropout(self.out(att @ v))
+        ff = self.ff_out(self.dropout(F.relu(self.ff_in(self.norm_ff(x)))))
+        return x + self.dropout(ff)
+
+
+class Sequence(nn.Module):
+    """The encoder over a window of items and its score against the item table E."""
+
+    scale: torch.Tensor  # [] float32 buffer: the term's share (calibrate)
+    blocked: torch.Tensor  # [L, L] bool buffer: the causal mask
+
+    def __init__(self, n_items: int, length: int, width: int, blocks: int, dropout: float) -> None:
+        super().__init__()
+        self.pad = n_items
+        self.item = nn.Embedding(n_items + 1, width, padding_idx=n_items)  # E, and the pad row
+        self.position = nn.Embedding(length, width)
+        self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(blocks))
+        self.norm = nn.LayerNorm(width)
+        self.dropout = nn.Dropout(dropout)
+        nn.init.normal_(self.item.weight, 0.0, 0.02)
+        nn.init.normal_(self.position.weight, 0.0, 0.02)
+        with torch.no_grad():
+            self.item.weight[n_items].zero_()
+        self.register_buffer("blocked", torch.ones(length, length, dtype=torch.bool).triu(1),
+                             persistent=False)  # fmt: skip
+        # weight x s_kind / s_seq (`calibrate`); 1 until the first scoring.
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32))
+
+    def extra_repr(self) -> str:
+        return f"E {list(self.item.weight.shape)}, positions {self.position.weight.shape[0]}"
+
+    def states(self, window: torch.Tensor) -> torch.Tensor:
+        """window [B, L] item ids (pad: n_items) -> states [B, L, width]."""
+        window = window.long()
+        h = self.item(window) * math.sqrt(self.item.embedding_dim) + self.position.weight
+        h = self.dropout(h) * (window != self.pad).unsqueeze(-1).to(h.dtype)
+        for block in self.blocks:
+            h = block(h, self.blocked)
+        return self.norm(h)
+
+    def user_state(self, window: torch.Tensor) -> torch.Tensor:
+        """window [U, L] -> h [U, width]: the state after the window's last (latest) item."""
+        return self.states(window)[:, -1]
+
+    def forward(self, items: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """items [B], window [B, L] -> scale * <h, E[item]> [B]."""
+        h = self.user_state(window)
+        return self.scale * (h * self.item.weight[items.long()]).sum(dim=-1)
+
+    def raw_scores(self, window: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
+        """<h, E[i]> before the scale: [U, n_items] (or items [B] -> [U, B], [U, C] -> [U, C])."""
+        return dot_items(self.user_state(window), self.item.weight[: self.pad], items)
+
+    def add_scores(
+        self, out: torch.Tensor, window: torch.Tensor, items: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """out [U, n_items] (or [U, B] / [U, C]) + the term for each user's window [U, L]."""
+        return out + self.scale * self.raw_scores(window, items)
+
+    def loss(
+        self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1
+    ) -> torch.Tensor:
+        """seqs [b, L + 1] (each user's latest items, right-aligned, padded) and negatives [K]:
+        over every real next item, -log softmax of its logit among [it, negatives] (a negative
+        equal to the next item is left out of that position's softmax), summed, x ranks /
+        total: the mean over the step's `total` next items (all ranks'; 0: these), which DDP's
+        average of the ranks' gradients turns into the whole step's gradient at any world size."""
+        seqs = seqs.long()
+        states = self.states(seqs[:, :-1])
+        targets = seqs[:, 1:]
+        real = targets != self.pad
+        h, y = states[real], targets[real]
+        if not y.shape[0]:  # no user this step (a rank's share can be empty): a zero loss
+            return states.sum() * 0.0  # that still reaches every parameter, as DDP expects
+        table = self.item.weight
+        positive = (h * table[y]).sum(dim=-1, keepdim=True)
+        negative = (h @ table[negatives.long()].t()).masked_fill(
+            negatives.long()[None] == y[:, None], float("-inf")
+        )
+        logits = torch.cat([positive, negative], dim=1).float()
+        target = logits.new_zeros(logits.shape[0], dtype=torch.long)
+        return F.cross_entropy(logits, target, reduction="sum") * (ranks / (total or y.shape[0]))

@@ -1,0 +1,310 @@
+"""The sequence term (`ncf train --sequence-length L`): self-attention over the user's latest L
+items, its own sampled-softmax loss in the same steps, scored as one with the rest of the model
+after `calibrate` sets its share; every consumer (eval, recommend, export) passes the window."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ncfcli.backend import get_backend
+from ncfcli.checkpoint import load_run
+from ncfcli.data.dataset import load_prepared
+from ncfcli.data.sequences import SequenceBatches
+from ncfcli.distributed import DistEnv
+from ncfcli.model import ModelConfig, build_model
+from ncfcli.model.sequence import Sequence
+from tests.test_order import one_error_line, train
+from tests.test_recency import EVENTS, _eras, _prepare, ncf
+
+CPU = get_backend("cpu")
+
+
+@pytest.fixture(scope="module")
+def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _eras(tmp_path_factory.mktemp("eras"), False)
+
+
+@pytest.fixture(scope="module")
+def seq_run(eras: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The defaults on data whose next items follow the latest: the probe turns the term on."""
+    run = tmp_path_factory.mktemp("seq") / "run"
+    result = train(eras, run, "--seed", "1")
+    assert result["sequence_length"] == 20 and result["order_factors"] == 64
+    (run.parent / "result.json").write_text(json.dumps(result))
+    return run
+
+
+def test_histories_and_windows_on_a_hand_made_history(tmp_path: Path) -> None:
+    data = load_prepared(_prepare(tmp_path, EVENTS), CPU)
+    pad = data.n_items  # 8: raw items 1..8 are dense 0..7; users a, b, c are 0, 1, 2
+    # a: 1@10 4@20 3@30 6@40 | validation 2@50 | test 5@60; c: 8@1 | 7@2 | 6@3
+    hist = data.histories(3, np)
+    assert hist[0].tolist() == [3, 2, 5] and hist[2].tolist() == [pad, pad, 7]
+    assert data.histories(6, np)[0].tolist() == [pad, pad, 0, 3, 2, 5]
+    windows = {split: data.context(split, np, 3) for split in ("validation", "test", "next")}
+    assert windows["validation"].tolist() == hist.tolist()
+    assert windows["test"][0].tolist() == [2, 5, 1] and windows["test"][2].tolist() == [pad, 7, 6]
+    assert windows["next"][0].tolist() == [5, 1, 4] and windows["next"][2].tolist() == [7, 6, 5]
+    assert windows["test"][1, -1] == data.valid_items[data.valid_users == 1][0]
+    for split, window in windows.items():  # the order term's item is the window's last
+        assert data.context(split, np).tolist() == window[:, -1].tolist()
+
+
+def _model(seq_weight: float = 1.0, order: int = 8, kind: str = "mf") -> Any:
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind=kind, n_users=7, n_items=11, factors=8, layers=(8, 4),
+                      order_factors=order, seq_length=4, seq_factors=8, seq_weight=seq_weight)  # fmt: skip
+    return build_model(cfg).eval()
+
+
+def _windows(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 11, (n, 4), generator=g)
+    w[0, :2] = 11  # a short history: padded on the left
+    return w
+
+
+@pytest.mark.parametrize("kind", ["mf", "neumf"])
+def test_score_all_equals_forward_on_every_pair(kind: str) -> None:
+    model = _model(kind=kind)
+    model.sequence.scale.fill_(0.7)
+    users, window = torch.arange(7), _windows(7)
+    with torch.no_grad():
+        full = model.score_all(users, window)
+        pairs = model(users.repeat_interleave(11), torch.arange(11).repeat(7),
+                      window.repeat_interleave(11, dim=0)).view(7, 11)  # fmt: skip
+        assert torch.allclose(full, pairs, atol=1e-5)
+        some = torch.tensor([3, 0, 10])
+        assert torch.allclose(model.score_all(users, window, items=some), full[:, some], atol=1e-5)
+        own = torch.randint(0, 11, (7, 5))
+        assert torch.allclose(model.score_all(users, window, items=own), full.gather(1, own),
+                              atol=1e-5)  # fmt: skip
+
+
+def test_every_item_of_the_window_is_read_and_the_order_term_reads_its_last() -> None:
+    model = _model()
+    users, window = torch.arange(7), _windows(7)
+    with torch.no_grad():
+        base = model.score_all(users, window)
+        for col in range(4):
+            other = window.clone()
+            other[1, col] = (other[1, col] + 1) % 11
+            changed = model.score_all(users, other)
+            assert not torch.allclose(changed[1], base[1]), col  # every position counts
+            assert torch.equal(changed[2:], base[2:])  # only that user's scores move
+        # Without the sequence term's share the rest is the model with the order term alone.
+        model.sequence.scale.zero_()
+        alone = build_model(ModelConfig(**{**model.cfg.to_dict(), "layers": (8, 4),
+                                           "seq_length": 0})).eval()  # fmt: skip
+        alone.load_state_dict({k: v for k, v in model.state_dict().items()
+                               if not k.startswith("sequence.")})  # fmt: skip
+        assert torch.allclose(model.score_all(users, window), alone.score_all(users, window[:, -1]))
+
+
+def test_a_window_is_required_where_the_model_has_the_term() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="latest 4 items"):
+        model.score_all(torch.arange(2), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="no sequence term"):
+        _model_without().score_all(torch.arange(2), _windows(2))
+
+
+def _model_without() -> Any:
+    return build_model(ModelConfig(kind="mf", n_users=7, n_items=11, factors=8,
+                                   order_factors=8)).eval()  # fmt: skip
+
+
+def test_calibrate_sets_the_terms_share_from_the_spreads() -> None:
+    users, window = torch.arange(7), _windows(7)
+    for weight in (1.0, 2.5):
+        model = _model(seq_weight=weight)
+        model.train()
+        model.calibrate(users, window)
+        assert model.training  # left as it was
+        model.eval()
+        with torch.no_grad():
+            kind = model.gmf_tower.dot_all(users, None)
+            kind = model.biases.add_scores(kind, users, model.global_bias, None)
+            kind = model.order_term.add_scores(kind, window[:, -1])
+            seq = model.sequence.raw_scores(window)
+        want = weight * kind.std(dim=1).mean() / seq.std(dim=1).mean()
+        assert float(model.sequence.scale) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_the_loss_by_hand_and_its_share_over_ranks() -> None:
+    torch.manual_seed(3)
+    seq = Sequence(n_items=6, length=3, width=4, blocks=1, dropout=0.0)
+    seqs = torch.tensor([[6, 1, 2, 3], [6, 6, 4, 0], [5, 5, 2, 1]])
+    negatives = torch.tensor([0, 2, 5])
+    states = seq.states(seqs[:, :-1])
+    table = seq.item.weight
+    terms = []
+    for b in range(3):
+        for t in range(3):
+            y = int(seqs[b, t + 1])
+            if y == 6:
+                continue
+            h = states[b, t]
+            cands = [y] + [int(n) for n in negatives if int(n) != y]
+            logits = torch.stack([h @ table[c] for c in cands])
+            terms.append(-torch.log_softmax(logits, 0)[0])
+    by_hand = torch.stack(terms).mean()
+    assert len(terms) == 8
+    assert float(seq.loss(seqs, negatives).detach()) == pytest.approx(float(by_hand), rel=1e-5)
+    # Two ranks, each its users' sum x 2 / the step's 8 next items: DDP's mean of the two is
+    # the whole step's loss (and so its gradient), whatever each rank holds.
+    halves = [seq.loss(seqs[:1], negatives, 8, 2), seq.loss(seqs[1:], negatives, 8, 2)]
+    assert float(sum(halves) / 2) == pytest.approx(float(by_hand), rel=1e-5)
+    # A rank with no user this step still reaches every parameter, with zeros.
+    empty = seq.loss(seqs[:0], negatives, 8, 2)
+    empty.backward()
+    assert float(empty) == 0.0 and all(p.grad is not None for p in seq.parameters())
+    assert float(seq.item.weight.grad.abs().sum()) == 0.0
+
+
+def test_the_pad_row_stays_zero_through_training() -> None:
+    seq = Sequence(n_items=6, length=3, width=4, blocks=1, dropout=0.1)
+    opt = torch.optim.Adam(seq.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        seq.loss(torch.tensor([[6, 1, 2, 3], [6, 6, 4, 0]]), torch.tensor([0, 5])).backward()
+        opt.step()
+    assert float(seq.item.weight[6].abs().sum()) == 0.0
+
+
+def test_sequence_batches_visit_every_user_once_an_epoch_at_any_world_size(
+    eras: Path,
+) -> None:
+    data = load_prepared(eras, CPU)
+    one = SequenceBatches(data, 5, CPU, DistEnv(), seed=3)
+    two = [SequenceBatches(data, 5, CPU, DistEnv(rank=r, world_size=2, local_rank=r), seed=3)
+           for r in (0, 1)]  # fmt: skip
+    hist = torch.from_numpy(data.histories(6, np).astype(np.int64))
+    rows: list[torch.Tensor] = []
+    for step in range(7):
+        seqs, negatives, total, ranks = one.step(2, step, 7)
+        parts = [b.step(2, step, 7) for b in two]
+        assert torch.equal(torch.cat([p[0] for p in parts]), seqs)  # the same users, split
+        assert all(torch.equal(p[1], negatives) and p[2] == total for p in parts)
+        assert ranks == 1 and parts[0][3] == 2
+        assert total == int((seqs[:, 1:] != data.n_items).sum())
+        rows.append(seqs)
+    seen = torch.cat(rows)
+    assert seen.shape[0] == data.n_users  # every user once: their rows are the histories
+    assert sorted(map(tuple, seen.tolist())) == sorted(map(tuple, hist.tolist()))
+    assert not torch.equal(one.step(3, 0, 7)[0], rows[0])  # another epoch, another order
+    again = SequenceBatches(data, 5, CPU, DistEnv(), seed=3)
+    assert torch.equal(again.step(2, 4, 7)[0], rows[4])  # a function of (seed, epoch, step)
+
+
+def test_eval_recommend_and_train_score_the_same_windows(seq_run: Path, eras: Path) -> None:
+    data = load_prepared(eras, CPU)
+    model = load_run(seq_run, "cpu").model.eval()
+    reported = json.loads((seq_run.parent / "result.json").read_text())
+    # The chosen epoch was scored at the share calibrate gives on the users' training windows.
+    scale = float(model.sequence.scale)
+    assert scale != 1.0
+    model.calibrate(torch.arange(data.n_users), torch.from_numpy(
+        data.context("validation", np, 20).astype(np.int64)))  # fmt: skip
+    assert float(model.sequence.scale) == pytest.approx(scale, rel=1e-5)
+    for split, figure in (("test", reported["metrics"]), ("validation", reported["validation"])):
+        users, held, negatives = data.held_out(split, np)
+        window = torch.from_numpy(data.context(split, np, 20).astype(np.int64))[users]
+        with torch.no_grad():
+            cand = torch.from_numpy(np.concatenate([held[:, None], negatives], 1).astype(np.int64))
+            scores = model.score_all(torch.from_numpy(users.astype(np.int64)), window, items=cand)
+        ranks = (scores[:, 1:] >= scores[:, :1]).sum(1).numpy()
+        r = ncf("eval", seq_run, "--split", split, "--device", "cpu", "--json")
+        assert r.exit_code == 0, r.output
+        got = json.loads(r.output)["metrics"]["hr@10"]
+        assert got == pytest.approx((ranks < 10).mean()) == pytest.approx(figure["hr@10"])
+        # Another window gives another figure: the window is read.
+        blank = torch.full_like(window, data.n_items)
+        blank[:, -1] = window[:, -1]
+        with torch.no_grad():
+            other = model.score_all(torch.from_numpy(users.astype(np.int64)), blank, items=cand)
+        assert not torch.allclose(other, scores)
+    user_ids, item_ids = _ids(eras, "user"), _ids(eras, "item")
+    u = 7
+    seen = data.seen(np)[1][data.seen(np)[0][u] : data.seen(np)[0][u + 1]]
+    window = torch.from_numpy(data.context("next", np, 20).astype(np.int64))[u : u + 1]
+    with torch.no_grad():
+        scores = model.score_all(torch.tensor([u]), window)[0]
+    scores[torch.from_numpy(np.asarray(seen, dtype=np.int64))] = float("-inf")
+    want = [item_ids[int(i)] for i in torch.sort(scores, descending=True, stable=True).indices[:5]]
+    r = ncf("recommend", seq_run, "--user", user_ids[u], "-k", "5", "--json", "--exclude-seen")
+    assert r.exit_code == 0, r.output
+    listed = json.loads(r.output)
+    assert [str(i) for i in listed["items"]] == [str(i) for i in want]
+    assert str(listed["after"]) == str(item_ids[int(window[0, -1])])
+
+
+def _ids(data: Path, what: str) -> list[Any]:
+    import pandas as pd
+
+    return pd.read_parquet(data / f"{what}_ids.parquet")["raw_id"].tolist()
+
+
+def test_export_serves_the_window_and_the_session_graph_takes_one(
+    seq_run: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("onnxruntime")
+    out = tmp_path / "exp" / "m.onnx"
+    r = ncf("export", seq_run, "--onnx", "--session", "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert got["max_abs_diff"] <= 1e-4 and got["recommend_max_abs_diff"] <= 1e-4
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["session"]["inputs"]["prev_item"]["shape"] == ["batch", 20]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(tmp_path / "exp" / "m_session.onnx"))
+    assert [len(i.shape) for i in sess.get_inputs()] == [1, 1, 2]
+
+
+def test_a_resumed_run_trains_what_an_uninterrupted_one_does(eras: Path, tmp_path: Path) -> None:
+    flags = ["--sequence-length", "6", "--seed", "2"]
+    whole = train(eras, tmp_path / "whole", *flags)
+    r = ncf("train", eras, "--out", tmp_path / "split", "--device", "cpu", "--epochs", "1", "-q",
+            *flags)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    resumed = train(eras, tmp_path / "split", "--resume")
+    assert resumed["validation"] == whole["validation"] and resumed["metrics"] == whole["metrics"]
+    # The last epoch's weights (best.pt may be the first's): its dropout masks and sequences
+    # are a function of (seed, epoch, step), not of what the process drew before.
+    last = Path("checkpoints") / "last.pt"
+    a = torch.load(tmp_path / "whole" / last, weights_only=False)["model"]
+    b = torch.load(tmp_path / "split" / last, weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # Adam's second group is the sequence term's, at a quarter of the run's lr.
+    state = torch.load(tmp_path / "whole" / last, weights_only=False)
+    groups = state["optimizer"]["param_groups"]
+    n_seq = sum(1 for k in a if k.startswith("sequence.") and k != "sequence.scale")
+    assert len(groups) == 2 and len(groups[1]["params"]) == n_seq
+    assert groups[1]["lr"] == pytest.approx(0.25 * groups[0]["lr"])
+
+
+def test_defaults_turn_the_term_on_only_where_time_says_something(tmp_path: Path) -> None:
+    shuffled = _eras(tmp_path, True)
+    assert train(shuffled, tmp_path / "r")["sequence_length"] == 0  # the probe finds no signal
+    msg = one_error_line(ncf("train", shuffled, "--out", tmp_path / "s", "--device", "cpu",
+                             "--sequence-length", "0", "--sequence-weight", "0"))  # fmt: skip
+    assert "--sequence-weight" in msg
+
+
+def test_two_workers_keep_the_term_in_sync(eras: Path, tmp_path: Path) -> None:
+    """DDP all-reduces the term's gradients with the rest (its loss joins the step's backward):
+    NCF_CHECK_SYNC compares every parameter across the ranks after every step."""
+    from tests.test_launch import ncf as launch
+
+    res = launch("train", str(eras), "--out", str(tmp_path / "two"), "--epochs", "1",
+                 "--sequence-length", "6", "--nproc", "2", "--json", "-q", check_sync=True)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["sequence_length"] == 6 and got["validation"]["hr@10"] > 0.2
