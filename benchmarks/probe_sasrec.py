@@ -1,14 +1,15 @@
 """A self-attentive sequence model (SASRec-like) on a prepared dataset's validation split:
 `python benchmarks/probe_sasrec.py DATA_DIR`.
 
-ncf has no sequence model kind. This probe measures what one would give before it is built
-into batches, scoring, ONNX and `recommend`: it trains a causal Transformer over each user's
-latest training items (by time) to predict the next one, with a sampled softmax (each position's
-next item against --negatives items drawn uniformly per step), and prints, every
---every epochs, the validation figures of both protocols `ncf eval --split validation` uses:
-HR@10 / NDCG@10 against the prepared sampled negatives, and against every item the user has
-not interacted with (training items and the test item excluded, as PreparedData.known_positives
-does). The test set is never read. One process on the CPU; the seed fixes every draw.
+A standalone sequence model, measured before ncf's sequence term (`ncf train
+--sequence-length`, ncfcli/model/sequence.py) built the same encoder into the model: it trains a
+causal Transformer over each user's latest training items (by time) to predict the next one,
+with a sampled softmax (each position's next item against --negatives items drawn uniformly per
+step), and prints, every --every epochs, the validation figures of both protocols `ncf eval
+--split validation` uses: HR@10 / NDCG@10 against the prepared sampled negatives, and against
+every item the user has not interacted with (training items and the test item excluded, as
+PreparedData.known_positives does). The test set is never read. One process on the CPU; the
+seed fixes every draw.
 
 `--blend RUN_DIR` (an `ncf train` run on the same dataset) then scores blends of the two
 models after the last epoch: each user's scores over every item standardised (less their mean,

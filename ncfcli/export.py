@@ -62,9 +62,9 @@ PARITY_BATCHES = (1, 7, 100_000)
 RECOMMEND_USERS = 32  # users whose every candidate is compared with `ncf recommend`'s score
 MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
 CONTEXT = (
-    "each user's latest interaction in the prepared data (the held-out test item), a constant "
-    "int64 [n_users] table inside the graph looked up by user: the item `ncf recommend "
-    "--exclude-seen` scores after"
+    "each user's latest interaction in the prepared data (the held-out test item; with a "
+    "sequence term the latest L), a constant int64 [n_users] ([n_users, L]) table inside the "
+    "graph looked up by user: what `ncf recommend --exclude-seen` scores after"
 )
 
 

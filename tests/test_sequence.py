@@ -120,7 +120,13 @@ def _model_without() -> Any:
                                    order_factors=8)).eval()  # fmt: skip
 
 
-def test_calibrate_sets_the_terms_share_from_the_spreads() -> None:
+@pytest.mark.parametrize("pairs", [1 << 20, 22])  # every user at once, or 2 a chunk
+def test_calibrate_sets_the_terms_share_from_the_spreads(
+    pairs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ncfcli.model.neumf as neumf
+
+    monkeypatch.setattr(neumf, "CALIBRATE_PAIRS", pairs)
     users, window = torch.arange(7), _windows(7)
     for weight in (1.0, 2.5):
         model = _model(seq_weight=weight)
@@ -308,3 +314,16 @@ def test_two_workers_keep_the_term_in_sync(eras: Path, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert got["sequence_length"] == 6 and got["validation"]["hr@10"] > 0.2
+
+
+def test_the_term_without_an_order_term(eras: Path, tmp_path: Path) -> None:
+    """A model with the sequence term alone: training passes it no previous item, scoring the
+    window; eval reproduces the figure train reported."""
+    run = tmp_path / "alone"
+    got = train(eras, run, "--order-factors", "0", "--sequence-length", "4", "--epochs", "1")
+    assert (got["order_factors"], got["sequence_length"]) == (0, 4)
+    r = ncf("eval", run, "--device", "cpu", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["metrics"]["hr@10"] == pytest.approx(got["metrics"]["hr@10"])
+    model = load_run(run, "cpu").model
+    assert model.order_term is None and model.sequence is not None

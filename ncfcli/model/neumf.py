@@ -32,6 +32,8 @@ from ncfcli.model.mlp import MLP, mlp_layers
 from ncfcli.model.order import Order
 from ncfcli.model.sequence import Sequence
 
+CALIBRATE_PAIRS = 1 << 20  # (user, item) scores `calibrate` holds at once
+
 
 class NCF(nn.Module):
     """One class for all four kinds; the kind decides which towers exist.
@@ -229,12 +231,17 @@ class NCF(nn.Module):
             return
         was = self.training
         self.eval()
-        kind = self._score_pairs(users.long(), None)
-        if self.order_term is not None:
-            kind = self.order_term.add_scores(kind, window[:, -1].long())
-        s_kind = kind.float().std(dim=1).mean()
-        s_seq = self.sequence.raw_scores(window).float().std(dim=1).mean()
-        self.sequence.scale.fill_(float(self.cfg.seq_weight * s_kind / s_seq.clamp_min(1e-12)))
+        spreads = torch.zeros(2, dtype=torch.float64, device=users.device)
+        step = max(1, CALIBRATE_PAIRS // self.cfg.n_items)  # users a chunk: bounded memory
+        for lo in range(0, users.shape[0], step):
+            u, w = users[lo : lo + step].long(), window[lo : lo + step]
+            kind = self._score_pairs(u, None)
+            if self.order_term is not None:
+                kind = self.order_term.add_scores(kind, w[:, -1].long())
+            spreads[0] += kind.float().std(dim=1).sum()
+            spreads[1] += self.sequence.raw_scores(w).float().std(dim=1).sum()
+        ratio = float(spreads[0] / spreads[1].clamp_min(1e-12))
+        self.sequence.scale.fill_(self.cfg.seq_weight * ratio)
         self.train(was)
 
     def _pair(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
