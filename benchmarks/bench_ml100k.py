@@ -2,8 +2,10 @@
 
 `ncf prepare DATA --out TMP/data` once, then per repeat: `ncf train TMP/data --json` with no
 tuning flags (wall seconds of the whole process: interpreter start and imports included),
-`ncf eval RUN --full-ranking` (wall seconds) and `ncf export RUN --onnx` (onnxruntime against
-PyTorch at batch 1, 7 and 100,000). Prints test HR@10 and NDCG@10 at the chosen epoch (and
+`ncf eval RUN --full-ranking` (wall seconds), `ncf export RUN --onnx` (onnxruntime against
+PyTorch at batch 1, 7 and 100,000) and serving the exported graph: onnxruntime on one CPU
+thread ranking every item for every user, one call a user, as a server ranks a catalogue
+(seconds for all users). Prints test HR@10 and NDCG@10 at the chosen epoch (and
 validation's, with the epoch and what chose it), and each time as median, min and max over the
 repeats, with the machine's core count and load.
 
@@ -31,6 +33,25 @@ from _common import MISSED, find_ml100k, machine, ncf, ncf_json, spread, verdict
 HR_MIN, NDCG_MIN, WALL_MAX_S, DIFF_MAX = 0.653, 0.379, 15.0, 1e-4
 
 
+def serve_seconds(onnx: Path) -> float:
+    """Seconds onnxruntime (one thread) takes to score every item for every user of the
+    exported graph, one call a user."""
+    import json
+
+    import numpy as np
+    import onnxruntime as ort
+
+    meta = json.loads(onnx.with_suffix(".json").read_text())
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(onnx), opts, providers=["CPUExecutionProvider"])
+    every = np.arange(meta["n_items"], dtype=np.int64)
+    t0 = time.perf_counter()
+    for u in range(meta["n_users"]):
+        sess.run(["logit"], {"user": np.full_like(every, u), "item": every})
+    return time.perf_counter() - t0
+
+
 def timed(*args: str) -> tuple[float, dict]:
     t0 = time.perf_counter()
     result = ncf_json(*args)
@@ -48,7 +69,7 @@ def main() -> int:
         ap.error(f"--repeat must be >= 1, got {args.repeat}")
     source = find_ml100k(args.data)
     print(f"ml-100k from {source}; {machine()} at the start", flush=True)
-    train_s, eval_s, diffs, metrics = [], [], [], []
+    train_s, eval_s, serve_s, diffs, metrics = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         data = str(Path(tmp) / "data")
         res = ncf("prepare", str(source), "--out", data, "--quiet")
@@ -68,9 +89,10 @@ def main() -> int:
             onnx = Path(tmp) / f"export{k}" / "model.onnx"  # the id maps land beside it
             _, exported = timed("export", run, "--onnx", "--out", str(onnx))
             diffs.append(float(exported["max_abs_diff"]))
+            serve_s.append(serve_seconds(onnx))
             print(f"run {k + 1}: train {train_s[-1]:.1f} s, HR@10 {metrics[-1][0]:.4f}, "
-                  f"full-ranking eval {eval_s[-1]:.1f} s, export max abs diff {diffs[-1]:.2g}",
-                  flush=True)  # fmt: skip
+                  f"full-ranking eval {eval_s[-1]:.1f} s, export max abs diff {diffs[-1]:.2g}, "
+                  f"served ranking {serve_s[-1]:.2f} s", flush=True)  # fmt: skip
     hr, ndcg = metrics[0]
     if valid:
         print(f"validation HR@10 {valid['hr@10']:.4f}  NDCG@10 {valid['ndcg@10']:.4f}; {chosen}")
@@ -86,6 +108,8 @@ def main() -> int:
     print(
         f"ncf eval --full-ranking wall (943 users x 1,682 items): {spread(eval_s, '{:.1f}', 's')}"
     )
+    print(f"served ranking, onnxruntime on 1 thread (every user x every item, a call a user): "
+          f"{spread(serve_s, '{:.2f}', 's')}")  # fmt: skip
     diff_ok = max(diffs) <= DIFF_MAX
     print(f"ncf export --onnx max abs diff (batch 100,000): largest {max(diffs):.2g}; "
           + verdict(diff_ok, f"<= {DIFF_MAX:g}"))  # fmt: skip

@@ -16,9 +16,12 @@ that on a sample of users and reports the largest difference. `--session` also w
 `<name>_session.onnx`, whose third input `prev_item` (int64 [batch]; n_items for none) is the
 previous item, for a server that tracks sessions itself (`recommend --json` names the one it
 scored after as "after"). A model with a sequence term (`--sequence-length L`) reads the user's
-latest L items instead: the table is int64 [n_users, L] (PreparedData.context("next", L)), and
-the session graph's `prev_item` is int64 [batch, L], oldest first, right-aligned and padded
-with n_items. A model with neither takes user and item alone; --session is refused for it.
+latest L items (PreparedData.context("next", L)) through its encoder: that state is the same for
+every item a user is scored on, so export runs the encoder once per user and the graph holds
+the states, a constant float32 [n_users, width] table beside the latest items' (serving runs no
+encoder). Its session graph's `prev_item` is int64 [batch, L], oldest first, right-aligned and
+padded with n_items, and runs the encoder. A model with neither term takes user and item alone;
+--session is refused for it.
 
 Beside the .onnx file: `user_ids.parquet` / `item_ids.parquet` (row i holds the raw id of
 dense id i, as in the prepared dataset) and `<name>.json` describing inputs, outputs, sizes,
@@ -58,13 +61,16 @@ INPUTS = ("user", "item")
 ORDER_INPUT = "prev_item"  # the session model's third input
 SESSION = "_session"  # the session model's file stem and Triton name end in this
 OUTPUT = "logit"
-PARITY_BATCHES = (1, 7, 100_000)
+PARITY_BATCHES = (1, 7, 100_000)  # a session graph's [batch, L] windows: the last / L rows
+PARITY_CHUNK = 4096  # rows PyTorch scores at once for the parity reference
+STATE_USERS = 4096  # users whose encoder states are computed at once for the graph's table
 RECOMMEND_USERS = 32  # users whose every candidate is compared with `ncf recommend`'s score
 MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
 CONTEXT = (
-    "each user's latest interaction in the prepared data (the held-out test item; with a "
-    "sequence term the latest L), a constant int64 [n_users] ([n_users, L]) table inside the "
-    "graph looked up by user: what `ncf recommend --exclude-seen` scores after"
+    "each user's latest interaction in the prepared data (the held-out test item), a constant "
+    "int64 [n_users] table inside the graph looked up by user (with a sequence term also the "
+    "encoder's state over the latest L, a constant float32 [n_users, width] table): what "
+    "`ncf recommend --exclude-seen` scores after"
 )
 
 
@@ -173,10 +179,23 @@ def graph_inputs(session: bool) -> tuple[str, ...]:
     return INPUTS + ((ORDER_INPUT,) if session else ())
 
 
+def user_states(model: Any, windows: Any) -> Any:
+    """The sequence term's state after each window (int64 [U, L]) -> float32 [U, width], in
+    chunks of STATE_USERS (Sequence.user_state; the model in eval mode)."""
+    import torch
+
+    table = torch.as_tensor(windows, dtype=torch.int64)
+    with torch.no_grad():
+        parts = [model.sequence.user_state(table[lo : lo + STATE_USERS])
+                 for lo in range(0, table.shape[0], STATE_USERS)]  # fmt: skip
+    return torch.cat(parts).float()
+
+
 def _onnx_module(model: Any, context: Any, session: bool) -> Any:
-    """The module to export: (user [B], item [B]) -> logit [B], the user's context item
-    looked up in `context` (int64 [n_users], or None: no order term); with `session`,
-    (user, item, prev_item) -> logit."""
+    """The module to export: (user [B], item [B]) -> logit [B], the user's context looked up
+    inside: `context` int64 [n_users] (the order term's previous item; None: no order term) or
+    [n_users, L] (the sequence term's windows: the graph holds each window's last item and the
+    encoder's state after it); with `session`, (user, item, prev_item) -> logit."""
     import torch
 
     class Scorer(torch.nn.Module):
@@ -203,8 +222,24 @@ def _onnx_module(model: Any, context: Any, session: bool) -> Any:
         ) -> torch.Tensor:
             return self.inner(user, item, prev_item)
 
+    class StateScorer(Scorer):
+        last: torch.Tensor  # int64 [n_users]: each user's latest item (the order term's)
+        states: torch.Tensor  # float32 [n_users, width]: the encoder's state after the window
+
+        def __init__(self, inner: torch.nn.Module, windows: Any) -> None:
+            super().__init__(inner)
+            table = torch.as_tensor(windows, dtype=torch.int64)
+            self.register_buffer("last", table[:, -1].contiguous())
+            self.register_buffer("states", user_states(inner, table))
+
+        def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
+            inner: Any = self.inner  # an NCF model
+            return inner.with_states(user, item, self.last[user], self.states[user])
+
     if session:
         return SessionScorer(model).eval()
+    if context is not None and len(getattr(context, "shape", ())) == 2:
+        return StateScorer(model, context).eval()
     if context is not None:
         return ContextScorer(model, torch.as_tensor(context, dtype=torch.int64)).eval()
     return Scorer(model).eval()
@@ -271,21 +306,24 @@ def _session(path: Path) -> Any:
 def parity(
     model: Any, onnx_path: Path, n_users: int, n_items: int, seed: int = 0, context: Any = None
 ) -> dict[int, float]:
-    """Max |onnxruntime - PyTorch| on random ids, per batch size in PARITY_BATCHES.
+    """Max |onnxruntime - PyTorch| on random ids, per batch size in PARITY_BATCHES (a session
+    graph's windows [batch, L]: the largest batch / L rows, the same ids in all).
 
     PyTorch scores model(user, item) for a model without an order term, else model(user, item,
-    previous item): `context[user]` (int64 [n_users]) for the graph that looks it up itself, or
-    random previous items ("none" among them) for a session graph, which is given them."""
+    previous item): `context[user]` for the graph that looks it up itself (int64 [n_users];
+    with a sequence term the windows [n_users, L], whose states are the encoder's on each
+    distinct user's window), or random previous items ("none" among them) for a session graph,
+    which is given them."""
     import numpy as np
-    import torch
 
     sess = _session(onnx_path)
     given = {i.name: i for i in sess.get_inputs()}
     takes_prev = ORDER_INPUT in given
-    window = len(given[ORDER_INPUT].shape) == 2 if takes_prev else False
+    width = given[ORDER_INPUT].shape[1] if takes_prev and len(given[ORDER_INPUT].shape) == 2 else 0
     rng = np.random.default_rng(seed)
     out: dict[int, float] = {}
     for b in PARITY_BATCHES:
+        b = max(1, b // width) if width and b == max(PARITY_BATCHES) else b
         users = rng.integers(0, n_users, size=b, dtype=np.int64)
         items = rng.integers(0, n_items, size=b, dtype=np.int64)
         # The largest ids must work too (an off-by-one in a table size shows up only there).
@@ -293,23 +331,41 @@ def parity(
         feed = {"user": users, "item": items}
         args = [users, items]
         if takes_prev:
-            width = given[ORDER_INPUT].shape[1] if window else None
-            size = (b, width) if window else b
+            size = (b, width) if width else b
             prev = rng.integers(0, n_items + 1, size=size, dtype=np.int64)  # type: ignore[arg-type]
             prev[-1] = n_items  # the "no previous item" row (a window of padding)
             feed[ORDER_INPUT] = prev
             args.append(prev)
-        elif context is not None:
-            args.append(np.asarray(context, dtype=np.int64)[users])
         got = sess.run([OUTPUT], feed)[0]
-        with torch.no_grad():
-            ref = model(*(torch.from_numpy(a) for a in args)).float().numpy()
+        ref = _reference(model, args, None if takes_prev else context)
         if got.shape != ref.shape:
             raise NcfError(
                 f"exported model returned shape {got.shape} for batch {b}, PyTorch {ref.shape}"
             )
         out[b] = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64))))
     return out
+
+
+def _reference(model: Any, args: list[Any], context: Any) -> Any:
+    """PyTorch's logits for parity: model(*args), in chunks of PARITY_CHUNK rows, with the
+    user's context from `context` where the graph looks it up itself."""
+    import numpy as np
+    import torch
+
+    users, items = (torch.from_numpy(a) for a in args[:2])
+    with torch.no_grad():
+        if context is not None and np.ndim(context) == 2:  # windows: one state per user
+            table = np.asarray(context, dtype=np.int64)
+            uniq, inv = np.unique(args[0], return_inverse=True)
+            states = user_states(model, table[uniq])[torch.from_numpy(inv.reshape(-1))]
+            last = torch.from_numpy(table[args[0], -1])
+            return model.with_states(users, items, last, states).float().numpy()
+        if context is not None:
+            args = [*args, np.asarray(context, dtype=np.int64)[args[0]]]
+        rows = [torch.from_numpy(a) for a in args]
+        parts = [model(*(r[lo : lo + PARITY_CHUNK] for r in rows)).float()
+                 for lo in range(0, len(args[0]), PARITY_CHUNK)]  # fmt: skip
+    return torch.cat(parts).numpy()
 
 
 def recommend_parity(run: Any, data: Any, onnx_path: Path, backend: Any) -> tuple[float, int]:

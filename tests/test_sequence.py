@@ -258,20 +258,35 @@ def _ids(data: Path, what: str) -> list[Any]:
 
 
 def test_export_serves_the_window_and_the_session_graph_takes_one(
-    seq_run: Path, tmp_path: Path
+    seq_run: Path, eras: Path, tmp_path: Path
 ) -> None:
-    pytest.importorskip("onnxruntime")
+    ort = pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
     out = tmp_path / "exp" / "m.onnx"
     r = ncf("export", seq_run, "--onnx", "--session", "--out", out, "--json")
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
     assert got["max_abs_diff"] <= 1e-4 and got["recommend_max_abs_diff"] <= 1e-4
+    assert set(got["session_parity"]) == {"1", "7", str(100_000 // 20)}
     meta = json.loads(out.with_suffix(".json").read_text())
     assert meta["session"]["inputs"]["prev_item"]["shape"] == ["batch", 20]
-    import onnxruntime as ort
-
     sess = ort.InferenceSession(str(tmp_path / "exp" / "m_session.onnx"))
     assert [len(i.shape) for i in sess.get_inputs()] == [1, 1, 2]
+    # The served graph holds each user's encoder state, not the windows: no encoder runs.
+    run = load_run(seq_run, "cpu")
+    model, data = run.model.eval(), load_prepared(eras, CPU)
+    tables = {tuple(init.dims): init.data_type for init in onnx.load(str(out)).graph.initializer}
+    width = model.cfg.seq_factors
+    assert tables.get((data.n_users, width)) == onnx.TensorProto.FLOAT
+    assert (data.n_users, 20) not in tables
+    # Its logits are the model's on each user's latest 20 items, every user and item.
+    users = np.repeat(np.arange(data.n_users), data.n_items).astype(np.int64)
+    items = np.tile(np.arange(data.n_items), data.n_users).astype(np.int64)
+    window = data.context("next", np, 20).astype(np.int64)[users]
+    served = ort.InferenceSession(str(out)).run(["logit"], {"user": users, "item": items})[0]
+    with torch.no_grad():
+        want = model(*(torch.from_numpy(a) for a in (users, items, window))).numpy()
+    np.testing.assert_allclose(served, want, atol=1e-4, rtol=0)
 
 
 def test_a_resumed_run_trains_what_an_uninterrupted_one_does(eras: Path, tmp_path: Path) -> None:

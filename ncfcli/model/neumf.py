@@ -204,15 +204,28 @@ class NCF(nn.Module):
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
             prev = prev.long() if prev is not None else None
+        if prev is None or prev.dim() == 1:
+            return self.with_states(users, items, prev)
+        assert self.sequence is not None
+        return self.with_states(users, items, prev[:, -1], self.sequence.user_state(prev))
+
+    def with_states(
+        self,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        last: torch.Tensor | None,
+        states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The logits [B] from the sequence term's user states [B, width] computed beforehand
+        (Sequence.user_state of each row's window; None: no term) and the order term's previous
+        items `last` [B] (None: no term): what `forward` computes from the windows. An exported
+        graph holds each user's state, so serving runs no encoder."""
         out = self._pair(users, items)
-        if prev is None:
-            return out
-        window = prev if prev.dim() == 2 else None
-        if self.order_term is not None:
-            out = out + self.order_term(items, prev[:, -1] if window is not None else prev)
-        if window is not None:
+        if self.order_term is not None and last is not None:
+            out = out + self.order_term(items, last)
+        if states is not None:
             assert self.sequence is not None
-            out = out + self.sequence(items, window)
+            out = out + self.sequence.score_states(items, states)
         return out
 
     def sequence_loss(

@@ -101,8 +101,11 @@ class Sequence(nn.Module):
 
     def forward(self, items: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """items [B], window [B, L] -> scale * <h, E[item]> [B]."""
-        h = self.user_state(window)
-        return self.scale * (h * self.item.weight[items.long()]).sum(dim=-1)
+        return self.score_states(items, self.user_state(window))
+
+    def score_states(self, items: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """items [B], states h [B, width] (user_state) -> scale * <h, E[item]> [B]."""
+        return self.scale * (states * self.item.weight[items.long()]).sum(dim=-1)
 
     def raw_scores(self, window: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
         """<h, E[i]> before the scale: [U, n_items] (or items [B] -> [U, B], [U, C] -> [U, C])."""
