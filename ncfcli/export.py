@@ -41,31 +41,32 @@ the same two inputs; with --session also DIR/<name>_session/, which takes the th
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import logging
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.onnx_graph import (
+    INPUTS,
+    MIN_OPSET,
+    ORDER_INPUT,
+    OUTPUT,
+    build,
+    graph_inputs,
+    user_states,
+)
 from ncfcli.options import EVAL, opt
 from ncfcli.options import OUTPUT as FILES  # this module's OUTPUT is the graph's output
 
-INPUTS = ("user", "item")
-ORDER_INPUT = "prev_item"  # the session model's third input
 SESSION = "_session"  # the session model's file stem and Triton name end in this
-OUTPUT = "logit"
 PARITY_BATCHES = (1, 7, 100_000)  # a session graph's [batch, L] windows: the last / L rows
 PARITY_CHUNK = 4096  # rows PyTorch scores at once for the parity reference
-STATE_USERS = 4096  # users whose encoder states are computed at once for the graph's table
 RECOMMEND_USERS = 32  # users whose every candidate is compared with `ncf recommend`'s score
-MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
 CONTEXT = (
     "each user's latest interaction in the prepared data (the held-out test item), a constant "
     "int64 [n_users] table inside the graph looked up by user (with a sequence term also the "
@@ -172,129 +173,6 @@ def check_export_folder(out: Path) -> None:
         why = "" if record is not None else f" (no {MARKER})"
         raise NcfError(f"--out {out}: folder {folder} holds {found[0]!r}{more}, which ncf did "
                        f"not write{why}; {fix}")  # fmt: skip
-
-
-def graph_inputs(session: bool) -> tuple[str, ...]:
-    """The graph's input names: user and item; the session model's prev_item too."""
-    return INPUTS + ((ORDER_INPUT,) if session else ())
-
-
-def user_states(model: Any, windows: Any) -> Any:
-    """The sequence term's state after each window (int64 [U, L]) -> float32 [U, width], in
-    chunks of STATE_USERS (Sequence.user_state; the model in eval mode)."""
-    import torch
-
-    table = torch.as_tensor(windows, dtype=torch.int64)
-    with torch.no_grad():
-        parts = [model.sequence.user_state(table[lo : lo + STATE_USERS])
-                 for lo in range(0, table.shape[0], STATE_USERS)]  # fmt: skip
-    return torch.cat(parts).float()
-
-
-def _onnx_module(model: Any, context: Any, session: bool) -> Any:
-    """The module to export: (user [B], item [B]) -> logit [B], the user's context looked up
-    inside: `context` int64 [n_users] (the order term's previous item; None: no order term) or
-    [n_users, L] (the sequence term's windows: the graph holds each window's last item and the
-    encoder's state after it); with `session`, (user, item, prev_item) -> logit."""
-    import torch
-
-    class Scorer(torch.nn.Module):
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-            return self.inner(user, item)
-
-    class ContextScorer(Scorer):
-        context: torch.Tensor  # int64 [n_users]: each user's context item
-
-        def __init__(self, inner: torch.nn.Module, table: torch.Tensor) -> None:
-            super().__init__(inner)
-            self.register_buffer("context", table)  # an initializer of the graph
-
-        def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-            return self.inner(user, item, self.context[user])
-
-    class SessionScorer(Scorer):
-        def forward(  # type: ignore[override]
-            self, user: torch.Tensor, item: torch.Tensor, prev_item: torch.Tensor
-        ) -> torch.Tensor:
-            return self.inner(user, item, prev_item)
-
-    class StateScorer(Scorer):
-        last: torch.Tensor  # int64 [n_users]: each user's latest item (the order term's)
-        states: torch.Tensor  # float32 [n_users, width]: the encoder's state after the window
-
-        def __init__(self, inner: torch.nn.Module, windows: Any) -> None:
-            super().__init__(inner)
-            table = torch.as_tensor(windows, dtype=torch.int64)
-            self.register_buffer("last", table[:, -1].contiguous())
-            self.register_buffer("states", user_states(inner, table))
-
-        def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-            inner: Any = self.inner  # an NCF model
-            return inner.with_states(user, item, self.last[user], self.states[user])
-
-    if session:
-        return SessionScorer(model).eval()
-    if context is not None and len(getattr(context, "shape", ())) == 2:
-        return StateScorer(model, context).eval()
-    if context is not None:
-        return ContextScorer(model, torch.as_tensor(context, dtype=torch.int64)).eval()
-    return Scorer(model).eval()
-
-
-def export_onnx(
-    model: Any, path: Path, opset: int, context: Any = None, session: bool = False
-) -> None:
-    """Write `model` (on the CPU, eval mode) as a single-file ONNX graph with a dynamic batch:
-    inputs user, item (the context item from `context` inside the graph), or with `session`
-    user, item, prev_item."""
-    import torch
-
-    names = graph_inputs(session)
-    module = _onnx_module(model, context, session)
-    # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
-    # declared dynamic dim keep the graph batch-agnostic.
-    example = tuple(torch.tensor([0, 1], dtype=torch.int64) for _ in names)
-    length = int(getattr(model.cfg, "seq_length", 0) or 0) if hasattr(model, "cfg") else 0
-    if session and length:  # the sequence term's window: [batch, L]
-        example = (*example[:2], torch.zeros(2, length, dtype=torch.int64))
-    batch = torch.export.Dim("batch")
-    # The exporter reports progress with print() and warnings; the CLI's stdout is for results.
-    with (
-        contextlib.redirect_stdout(io.StringIO()),
-        warnings.catch_warnings(),
-        _quiet_loggers(),
-    ):
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            module,
-            example,
-            dynamo=True,
-            dynamic_shapes=tuple({0: batch} for _ in names),
-            input_names=list(names),
-            output_names=[OUTPUT],
-            opset_version=opset,
-            external_data=False,
-            verbose=False,
-        )
-        assert program is not None  # dynamo=True always returns an ONNXProgram
-        program.save(str(path), external_data=False)
-
-
-@contextlib.contextmanager
-def _quiet_loggers() -> Any:
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, lvl in zip(loggers, levels, strict=True):
-            lg.setLevel(lvl)
 
 
 def _session(path: Path) -> Any:
@@ -458,23 +336,6 @@ def _copy_id_maps(data_dir: Path, dest: Path) -> None:
         shutil.copyfile(src, dest / fname)
 
 
-def _build(model: Any, path: Path, opset: int, context: Any, session: bool) -> None:
-    """export_onnx, then onnx.checker; each failure one line."""
-    import onnx
-
-    try:
-        export_onnx(model, path, opset, context, session)
-    except NcfError:
-        raise
-    except Exception as e:  # exporter failures are long; the first line says enough
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NcfError(f"ONNX export failed: {first[:300]}") from None
-    try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except Exception as e:
-        raise NcfError(f"onnx.checker rejected the exported model: {e}") from None
-
-
 @dataclass(frozen=True)
 class _Files:
     """What one export writes, decided (and checked against what is there) before any work."""
@@ -535,7 +396,7 @@ def _check_graphs(
     n_users, n_items = run.model_config.n_users, run.model_config.n_items
     diffs: dict[str, dict[int, float]] = {}
     for fname, session in files.graphs:
-        _build(model, tmp / fname, cfg.opset, context, session)
+        build(model, tmp / fname, cfg.opset, context, session)
         diffs[fname] = parity(model, tmp / fname, n_users, n_items, cfg.seed, context)
     worst = max(d for per in diffs.values() for d in per.values())
     if not worst <= cfg.atol:
