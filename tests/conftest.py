@@ -32,6 +32,15 @@ def prepared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _tiny_prepared(tmp_path_factory.mktemp("data") / "tiny")
 
 
+@pytest.fixture(scope="module")
+def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 users moving from one era of items to the next in time order (tests/test_recency.py's
+    `_eras`): data with a time signal, for the order and sequence terms' tests; one per module."""
+    from tests.test_recency import _eras
+
+    return _eras(tmp_path_factory.mktemp("eras"), False)
+
+
 MAX_WORKERS = 8  # `-n auto` beyond this buys little: most slow tests are a few subprocesses
 
 

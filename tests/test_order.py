@@ -40,11 +40,6 @@ def train(data: Path, out: Path, *flags: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _eras(tmp_path_factory.mktemp("eras"), False)
-
-
-@pytest.fixture(scope="module")
 def order_run(eras: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The defaults on data whose next item follows the last: the probe turns the term on."""
     run = tmp_path_factory.mktemp("order") / "run"

@@ -26,11 +26,6 @@ CPU = get_backend("cpu")
 
 
 @pytest.fixture(scope="module")
-def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _eras(tmp_path_factory.mktemp("eras"), False)
-
-
-@pytest.fixture(scope="module")
 def seq_run(eras: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The defaults on data whose next items follow the latest: the probe turns the term on."""
     run = tmp_path_factory.mktemp("seq") / "run"
