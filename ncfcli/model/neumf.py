@@ -248,9 +248,7 @@ class NCF(nn.Module):
         step = max(1, CALIBRATE_PAIRS // self.cfg.n_items)  # users a chunk: bounded memory
         for lo in range(0, users.shape[0], step):
             u, w = users[lo : lo + step].long(), window[lo : lo + step]
-            kind = self._score_pairs(u, None)
-            if self.order_term is not None:
-                kind = self.order_term.add_scores(kind, w[:, -1].long())
+            kind = self._kind_scores(u, w[:, -1].long(), None)
             spreads[0] += kind.float().std(dim=1).sum()
             spreads[1] += self.sequence.raw_scores(w).float().std(dim=1).sum()
         ratio = float(spreads[0] / spreads[1].clamp_min(1e-12))
@@ -275,7 +273,8 @@ class NCF(nn.Module):
         self, users: torch.Tensor, prev: torch.Tensor | None = None,
         items: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
-        """users [U] (and prev [U], each user's previous item, for a model with an order term)
+        """users [U] (and prev: [U], each user's previous item, for a model with an order term;
+        [U, L], each user's latest items, for one with a sequence term)
         -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the
         towers factored so ranking the catalogue costs less. `items` [B] scores only those
         items (-> [U, B]); items [U, C] each user's own C items (-> [U, C]: sampled metrics).
@@ -288,16 +287,21 @@ class NCF(nn.Module):
         """
         prev = self._check_prev(prev)
         items = items.long() if items is not None else None
-        out = self._score_pairs(users.long(), items)
-        if prev is None:
-            return out
-        window = prev if prev.dim() == 2 else None
-        if self.order_term is not None:
-            last = prev[:, -1] if window is not None else prev
+        if prev is None or prev.dim() == 1:
+            return self._kind_scores(users.long(), prev, items)
+        assert self.sequence is not None
+        out = self._kind_scores(users.long(), prev[:, -1], items)
+        return self.sequence.add_scores(out, prev, items)
+
+    def _kind_scores(
+        self, users: torch.Tensor, last: torch.Tensor | None, items: torch.Tensor | None
+    ) -> torch.Tensor:
+        """users [U] -> the kind's logits [U, n_items] (or [U, B] / [U, C]) with the order
+        term after each user's previous item `last` [U] (None or no order term: without), not
+        the sequence term: score_all's part that `calibrate` weighs the sequence term against."""
+        out = self._score_pairs(users, items)
+        if self.order_term is not None and last is not None:
             out = self.order_term.add_scores(out, last, items)
-        if window is not None:
-            assert self.sequence is not None
-            out = self.sequence.add_scores(out, window, items)
         return out
 
     def _score_pairs(self, users: torch.Tensor, items: torch.Tensor | None) -> torch.Tensor:

@@ -226,9 +226,9 @@ def _step_gradients(
     """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
     gradients, in slices of at most cfg.micro_batch samples (gradient accumulation: each slice
     adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
-    `seqs` (sequences, negatives, the step's next items, ranks), with a sequence term: its own loss joins the last slice's
-    (the two read disjoint parameters). DDP all-reduces once, on the last slice. Returns the
-    batch's pointwise loss, detached."""
+    `seqs` (sequences, negatives, the step's next items, ranks), with a sequence term: its own
+    loss joins the last slice's (the two read disjoint parameters). DDP all-reduces once, on the
+    last slice. Returns the batch's pointwise loss, detached."""
     n = labels.shape[0]
     l2 = float(cfg.l2 or 0.0)
     size = min(n, cfg.micro_batch or n)
@@ -249,8 +249,7 @@ def _step_gradients(
             with amp_ctx():
                 loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, p,
                                    l2, n)  # fmt: skip
-                last = hi == n and seqs is not None
-                extra = model.sequence_loss(*seqs) if last and seqs is not None else 0.0
+                extra = model.sequence_loss(*seqs) if hi == n and seqs is not None else 0.0
             scaler.scale(loss + extra).backward()
         total += loss.detach()
     return total
