@@ -97,7 +97,7 @@ def _history(
     cols = items[torch.repeat_interleave(first, counts, output_size=total) + within].long()
     return torch.sparse_coo_tensor(
         torch.stack([rows, cols]), torch.ones(total, device=device),
-        (users.shape[0], n_items),
+        (users.shape[0], n_items), check_invariants=False,  # explicit: torch warns otherwise
     ).coalesce()  # fmt: skip
 
 
