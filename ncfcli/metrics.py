@@ -8,7 +8,9 @@ the full-ranking metric can never disagree about a user's candidates or scores.
 
 Tie rule, everywhere: a candidate whose score equals the positive's ranks ahead of it, so ties
 never favour the positive (a model that scores everything equal gets HR@K = 0 for K <= number of
-candidates, not 1). A NaN score for the positive ranks it last; a NaN negative beats it.
+candidates, not 1). NaN, likewise, never favours the positive: a NaN negative beats it, and a NaN
+positive is a miss at every K (its rank is the width of the user's scored row, N + 1 sampled,
+n_items full ranking: past every cut-off ncf allows, so no K counts it as a hit).
 
 rank = number of other candidates that beat the positive (0 = top).
 HR@K = mean over users of [rank < K]; NDCG@K = mean of 1/log2(rank + 2) for rank < K, else 0
@@ -33,10 +35,11 @@ TIE_RULE = "ties rank the positive last"
 
 
 def positive_ranks(pos: torch.Tensor, neg: torch.Tensor) -> torch.Tensor:
-    """pos [U], neg [U, N] scores -> int64 [U] 0-based rank of the positive (ties against it)."""
+    """pos [U], neg [U, N] scores -> int64 [U] 0-based rank of the positive (ties against it);
+    a NaN positive gets N + 1, past the last of the N + 1 candidates: a miss at every K."""
     beats = (neg >= pos[:, None]) | torch.isnan(neg)
     ranks = beats.sum(dim=1)
-    return torch.where(torch.isnan(pos), torch.full_like(ranks, neg.shape[1]), ranks)
+    return torch.where(torch.isnan(pos), torch.full_like(ranks, neg.shape[1] + 1), ranks)
 
 
 def metric_sums(ranks: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
@@ -222,7 +225,8 @@ def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
     """scores [U, I] with -inf on excluded items, pos_items [U] -> int64 [U] rank of the positive.
 
     Candidates are the finite (or NaN) entries; the rank counts candidates other than the
-    positive that score >= it (NaN beats it), as in `positive_ranks`. A NaN positive ranks last.
+    positive that score >= it (NaN beats it), as in `positive_ranks`. A NaN positive gets I,
+    the row's width, whatever its candidates: a miss at every K (K <= I is checked upstream).
     """
     rows = torch.arange(scores.shape[0], device=scores.device)
     pos = scores[rows, pos_items.long()]
@@ -231,8 +235,7 @@ def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
     beats = ((scores >= pos[:, None]) | torch.isnan(scores)) & candidate
     beats[rows, pos_items.long()] = False
     ranks = beats.sum(dim=1)
-    last = candidate.sum(dim=1) - 1
-    return torch.where(torch.isnan(pos), last, ranks)
+    return torch.where(torch.isnan(pos), torch.full_like(ranks, scores.shape[1]), ranks)
 
 
 # The first block of items the capped ranking scores after the chunk's positives; each next
@@ -355,10 +358,10 @@ def popular_first(train_items: torch.Tensor, n_items: int) -> torch.Tensor:
 
 def _beats(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """scores [U, B] (masked: -inf), pos [U] -> bool [U, B]: the candidates that rank ahead of
-    the positive under `masked_ranks`' rule (>= it, or NaN; all of them if it is NaN)."""
+    the positive under `masked_ranks`' rule (>= it, or NaN). A NaN positive's count is set
+    to the cap by `_capped_ranks` after its first block, so its user leaves there."""
     candidate = scores != float("-inf")
-    beats = (scores >= pos[:, None]) | torch.isnan(scores)
-    return (beats | torch.isnan(pos)[:, None]) & candidate
+    return ((scores >= pos[:, None]) | torch.isnan(scores)) & candidate
 
 
 def _capped_ranks(
@@ -377,6 +380,7 @@ def _capped_ranks(
     order [n_items] (`popular_first`). The first block is the chunk's positives (each user's
     own positive is scored there, by the same call as its rivals), then the other items in
     `order`, FIRST_BLOCK first and doubling. One host read per block, to drop finished users.
+    A NaN positive counts `cap` at once (a miss at every K, as in masked_ranks).
     """
     n_users, n_items = known.shape
     pos_items = pos_items.long()
@@ -388,7 +392,7 @@ def _capped_ranks(
     pos = scores[rows, own]
     beats = _beats(scores, pos)
     beats[rows, own] = False
-    count = beats.sum(dim=1)
+    count = torch.where(torch.isnan(pos), cap, beats.sum(dim=1))
     taken = torch.zeros(n_items, dtype=torch.bool, device=users.device)
     taken[firsts] = True
     rest = order[~taken[order]]

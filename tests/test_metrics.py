@@ -62,8 +62,9 @@ def test_all_equal_scores_give_zero_hits() -> None:
 def test_nan_scores() -> None:
     pos = torch.tensor([NAN, 0.5, 0.5])
     neg = torch.tensor([[0.1, 0.2], [NAN, 0.1], [0.1, 0.2]])
-    # NaN positive ranks last (2 of 3); a NaN negative beats a finite positive.
-    assert positive_ranks(pos, neg).tolist() == [2, 1, 0]
+    # A NaN positive ranks past the last of its 3 candidates (a miss at K = 3 too); a NaN
+    # negative beats a finite positive.
+    assert positive_ranks(pos, neg).tolist() == [3, 1, 0]
 
 
 def test_metric_sums_hand_computed() -> None:
@@ -155,8 +156,8 @@ def test_full_ranks_shards_add_up() -> None:
 def test_masked_ranks_nan() -> None:
     inf = float("-inf")
     scores = torch.tensor([[NAN, 1.0, inf, 2.0], [0.5, NAN, inf, 0.1]])
-    # row 0: NaN positive -> last of its 3 candidates -> 2; row 1: the NaN item beats it -> 1
-    assert masked_ranks(scores, torch.tensor([0, 0])).tolist() == [2, 1]
+    # row 0: NaN positive -> the row's width, 4, a miss at every K; row 1: the NaN item beats it
+    assert masked_ranks(scores, torch.tensor([0, 0])).tolist() == [4, 1]
 
 
 def test_top_items_order_and_ties() -> None:

@@ -1,0 +1,232 @@
+"""Evaluation that can be trusted under bad scores, several ranks and ties:
+`python -m pytest tests/test_eval_trust.py`.
+
+- NaN scores never help the positive: a NaN positive is a miss at every K, a NaN negative beats
+  the positive, in the sampled protocol and in full ranking (capped by blocks or not);
+- full-ranking sums of users split over ranks are reduced over the ranks: two ranks (a fake
+  two-rank group of threads) give one process's HR and NDCG, in training's and `ncf eval`'s
+  evaluation;
+- a tie between epochs goes to the earlier one, in training and in `ncf inspect`'s re-pick.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ncfcli import distributed
+from ncfcli.backend import get_backend
+from ncfcli.checkpoint import load_run
+from ncfcli.cli import app
+from ncfcli.data.dataset import load_prepared
+from ncfcli.distributed import DistEnv
+from ncfcli.evaluate import EvalConfig, evaluate
+from ncfcli.metrics import full_ranks, full_split, metric_sums, sampled_ranks, sums_to_metrics
+from ncfcli.train.config import TrainConfig
+from tests._runs import make_run
+
+CPU = get_backend("cpu")
+runner = CliRunner()
+
+NAN = float("nan")
+
+
+class Table(torch.nn.Module):
+    """A fake model scoring (u, i) as table[u, i], through score_all like NCF (every item,
+    items [B], or each user's own items [U, C]); `subset_scoring` picks full ranking's capped
+    block-by-block path (as NCF and ALS) or the whole masked matrix (as EASE)."""
+
+    def __init__(self, table: list[list[float]], subset_scoring: bool) -> None:
+        super().__init__()
+        self.table = torch.tensor(table, dtype=torch.float32)
+        self.subset_scoring = subset_scoring
+
+    def score_all(self, users: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
+        rows = self.table[users.long()]
+        if items is None:
+            return rows.clone()
+        if items.dim() == 1:
+            return rows[:, items.long()]
+        return rows.gather(1, items.long())
+
+
+# 3 users, 6 items. User 0's positive (item 1) scores NaN; user 1's positive (item 0) is its
+# best finite score but item 4 scores NaN; user 2's positive (item 2) is its best, no NaN.
+TABLE = [
+    [0.1, NAN, 0.3, 0.2, 0.0, 0.4],
+    [0.9, 0.1, 0.2, 0.3, NAN, 0.5],
+    [0.1, 0.2, 0.8, 0.3, 0.4, 0.0],
+]
+POSITIVES = torch.tensor([1, 0, 2], dtype=torch.int32)
+NO_TRAINING = torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int32)
+
+
+def _hits(ranks: torch.Tensor, k: int) -> list[bool]:
+    return [int(r) < k for r in ranks.tolist()]
+
+
+@pytest.mark.parametrize("subset_scoring", [True, False])
+def test_a_nan_positive_is_a_miss_at_every_k_in_full_ranking(subset_scoring: bool) -> None:
+    """Every K from 1 to the catalogue, capped (as `ncf eval` and training rank) and not."""
+    model = Table(TABLE, subset_scoring)
+    offsets, seen = NO_TRAINING
+    n_items = len(TABLE[0])
+    whole = full_ranks(model, 0, 3, n_items, offsets, seen, POSITIVES)
+    assert whole.tolist()[1:] == [1, 0]  # user 1: the NaN item beats its positive
+    assert whole[0] >= n_items  # past every cut-off
+    for k in range(1, n_items + 1):
+        capped = full_ranks(model, 0, 3, n_items, offsets, seen, POSITIVES, cap=k)
+        assert _hits(capped, k) == [False, k > 1, True], k
+        m = sums_to_metrics(metric_sums(capped, [k]), [k])
+        assert m[f"hr@{k}"] == pytest.approx((1 + (k > 1)) / 3)
+        assert m[f"ndcg@{k}"] == pytest.approx((1 + (1 / math.log2(3) if k > 1 else 0)) / 3)
+
+
+def test_a_nan_positive_is_a_miss_at_every_k_in_the_sampled_protocol() -> None:
+    model = Table(TABLE, True)
+    users = torch.arange(3)
+    negatives = torch.tensor([[0, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 1, 3, 4, 5]])
+    ranks = sampled_ranks(model, users, POSITIVES.long(), negatives, max_rows=6)
+    assert ranks.tolist()[1:] == [1, 0]
+    for k in range(1, 7):  # K = 6: every candidate of the row
+        assert _hits(ranks, k) == [False, k > 1, True], k
+    # A NaN among the negatives beats the positive whatever the positive scores.
+    big = Table([[1e30, NAN, 0.0]], True)
+    one = torch.tensor([0])
+    assert sampled_ranks(big, one, one, torch.tensor([[1, 2]])).tolist() == [1]
+
+
+# ---- full-ranking sums over ranks ------------------------------------------------------------
+
+
+class TwoRanks:
+    """A fake two-rank group: each rank runs in its own thread, and `all_reduce_sum` (patched
+    over ncfcli.distributed's, which evaluation calls) returns the sum of both ranks' tensors
+    for each collective, in call order, as torch.distributed's all-reduce does."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=60)
+        self.slots: dict[int, dict[int, torch.Tensor]] = {}
+        self.calls = [0, 0]
+
+    def all_reduce_sum(self, t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+        if not env.enabled:
+            return t
+        n = self.calls[env.rank]
+        self.calls[env.rank] += 1
+        self.slots.setdefault(n, {})[env.rank] = t.clone()
+        self.barrier.wait()  # both ranks' tensors are in
+        total = self.slots[n][0] + self.slots[n][1]
+        self.barrier.wait()  # both have read them
+        return total
+
+    def run(self, fn: Callable[[DistEnv], Any]) -> list[Any]:
+        """fn(env) on ranks 0 and 1 at once -> their results."""
+        results: list[Any] = [None, None]
+        errors: list[BaseException] = []
+
+        def rank(r: int) -> None:
+            try:
+                results[r] = fn(DistEnv(rank=r, world_size=2))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+@pytest.fixture
+def two_ranks(monkeypatch: pytest.MonkeyPatch) -> TwoRanks:
+    group = TwoRanks()
+    monkeypatch.setattr(distributed, "all_reduce_sum", group.all_reduce_sum)
+    return group
+
+
+def test_training_full_ranking_sums_over_ranks_equal_one_process(
+    prepared_dir: Path, two_ranks: TwoRanks, tmp_path: Path
+) -> None:
+    """--select-metric full-hr@10 on 2 ranks: each ranks its half of the users; the reduced
+    sums are one process's, bit for bit (as the sampled ones)."""
+    from ncfcli.train.evaluation import eval_sets, evaluate_split
+
+    data = load_prepared(prepared_dir, CPU)
+    model = load_run(make_run(prepared_dir, tmp_path / "run")).model
+    cfg = TrainConfig(data_dir=str(prepared_dir))
+    full = full_split(data, "validation", CPU, None)
+
+    def score(env: DistEnv) -> dict[str, float]:
+        held = eval_sets(cfg, data, env, CPU)["validation"]
+        return evaluate_split(model, held, env, 1000, full)
+
+    one = score(DistEnv())
+    assert one["full-hr@10"] > 0 and set(one) == {"hr@10", "ndcg@10", "full-hr@10",
+                                                  "full-ndcg@10"}  # fmt: skip
+    assert two_ranks.run(score) == [one, one]
+
+
+@pytest.mark.parametrize("full_ranking", [True, False])
+def test_ncf_eval_sums_over_ranks_equal_one_process(
+    prepared_dir: Path, two_ranks: TwoRanks, full_ranking: bool, tmp_path: Path
+) -> None:
+    """`ncf eval` under torchrun: users split over 2 ranks, each result is one process's."""
+    data = load_prepared(prepared_dir, CPU)
+    run = load_run(make_run(prepared_dir, tmp_path / "run"))
+    cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full_ranking, batch_rows=700)
+
+    def score(env: DistEnv) -> dict:
+        return evaluate(run, data, cfg, CPU, env)
+
+    one = score(DistEnv())
+    assert one["users"] == 300 and one["metrics"]["hr@10"] > 0
+    assert two_ranks.run(score) == [one, one]
+
+
+# ---- the epoch chosen on a tie ---------------------------------------------------------------
+
+# Validation figures of four epochs: 2 and 3 tie on both figures; 4 ties on HR@10 alone and
+# loses on NDCG@10, the partner that breaks a tie.
+TIED = [(0.5, 0.30), (0.6, 0.40), (0.6, 0.40), (0.6, 0.20)]
+
+
+def test_a_tie_between_epochs_goes_to_the_earlier_one(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real `ncf train` with the validation figures fixed: best.pt, the run's report and
+    `ncf inspect`'s re-pick from metrics.jsonl all name epoch 2, not 3."""
+    from ncfcli.train import evaluation
+
+    figures = iter(TIED)
+
+    def scored(model: Any, sets: Any, split: str, *args: Any) -> dict[str, float]:
+        if split == "test":
+            return {"hr@10": 0.1, "ndcg@10": 0.05}
+        hr, ndcg = next(figures)
+        return {"hr@10": hr, "ndcg@10": ndcg}
+
+    monkeypatch.setattr(evaluation, "score_split", scored)
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--epochs", "4",
+                              "--factors", "8", "--layers", "16,8", "--batch-size", "4096",
+                              "--device", "cpu", "--quiet", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert next(figures, None) is None  # every epoch was scored
+    assert json.loads(res.stdout.strip().splitlines()[-1])["best_epoch"] == 2
+    assert torch.load(run / "best.pt", weights_only=True)["epoch"] == 2
+    shown = runner.invoke(app, ["inspect", str(run), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["best_epoch"] == 2
