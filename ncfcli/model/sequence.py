@@ -53,7 +53,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d]."""
         q, k, v = self.qkv(self.norm_attn(x)).chunk(3, dim=-1)
-        att = (q @ k.transpose(1, 2)) / math.sqrt(x.shape[-1])
+        # q is scaled before the product: under AMP q @ kᵀ runs in half precision, and the
+        # unscaled sums of `width` products can leave fp16's range (65504) where the scaled
+        # ones do not.
+        att = (q * (1.0 / math.sqrt(x.shape[-1]))) @ k.transpose(1, 2)
         att = self.dropout(att.masked_fill(blocked, float("-inf")).softmax(dim=-1))
         x = x + self.dropout(self.out(att @ v))
         ff = self.ff_out(self.dropout(F.relu(self.ff_in(self.norm_ff(x)))))
@@ -117,6 +120,22 @@ class Sequence(nn.Module):
         """out [U, n_items] (or [U, B] / [U, C]) + the term for each user's window [U, L]."""
         return out + self.scale * self.raw_scores(window, items)
 
+    def logits(
+        self, states: torch.Tensor, targets: torch.Tensor, negatives: torch.Tensor
+    ) -> torch.Tensor:
+        """states [..., width], targets [...] and negatives [K] -> float32 [..., 1 + K]: each
+        state's logit for its target, then for each negative (-inf where a negative is the
+        target: it is left out of that softmax). All in float32, AMP or not: the target's
+        logit and the negatives' are compared in one softmax, so they share one precision (a
+        half-precision matmul for the negatives would round them and not the target's)."""
+        table = self.item.weight
+        with torch.autocast(states.device.type, enabled=False):
+            h = states.float()
+            positive = (h * table[targets].float()).sum(dim=-1, keepdim=True)
+            negative = h @ table[negatives].float().t()
+        negative = negative.masked_fill(negatives == targets.unsqueeze(-1), float("-inf"))
+        return torch.cat([positive, negative], dim=-1)
+
     def loss(
         self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1
     ) -> torch.Tensor:
@@ -124,19 +143,16 @@ class Sequence(nn.Module):
         over every real next item, -log softmax of its logit among [it, negatives] (a negative
         equal to the next item is left out of that position's softmax), summed, x ranks /
         total: the mean over the step's `total` next items (all ranks'; 0: these), which DDP's
-        average of the ranks' gradients turns into the whole step's gradient at any world size."""
+        average of the ranks' gradients turns into the whole step's gradient at any world size.
+
+        Every position is scored and the padded ones (no next item) weigh 0: no boolean-mask
+        indexing, whose output size the host would have to read back (a sync each step on a
+        GPU). A rank with no user this step gets a zero loss that still reaches every
+        parameter, as DDP expects."""
         seqs = seqs.long()
-        states = self.states(seqs[:, :-1])
         targets = seqs[:, 1:]
+        logits = self.logits(self.states(seqs[:, :-1]), targets, negatives.long())
         real = targets != self.pad
-        h, y = states[real], targets[real]
-        if not y.shape[0]:  # no user this step (a rank's share can be empty): a zero loss
-            return states.sum() * 0.0  # that still reaches every parameter, as DDP expects
-        table = self.item.weight
-        positive = (h * table[y]).sum(dim=-1, keepdim=True)
-        negative = (h @ table[negatives.long()].t()).masked_fill(
-            negatives.long()[None] == y[:, None], float("-inf")
-        )
-        logits = torch.cat([positive, negative], dim=1).float()
-        target = logits.new_zeros(logits.shape[0], dtype=torch.long)
-        return F.cross_entropy(logits, target, reduction="sum") * (ranks / (total or y.shape[0]))
+        each = torch.where(real, -logits.log_softmax(dim=-1)[..., 0], 0.0)
+        count = real.sum().clamp(min=1) if not total else total
+        return each.sum() * ranks / count
