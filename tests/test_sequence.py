@@ -253,10 +253,16 @@ def _ids(data: Path, what: str) -> list[Any]:
 
 
 def test_export_serves_the_window_and_the_session_graph_takes_one(
-    seq_run: Path, eras: Path, tmp_path: Path
+    seq_run: Path, eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ort = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
+    import ncfcli.onnx_graph as onnx_graph
+
+    # The graph's states are computed STATE_USERS users at a time: 64 here, so that this
+    # dataset's 400 users span 7 chunks and every chunk past the first is checked below against
+    # the model itself (export's own parity reads the same states, so it cannot see them wrong).
+    monkeypatch.setattr(onnx_graph, "STATE_USERS", 64)
     out = tmp_path / "exp" / "m.onnx"
     r = ncf("export", seq_run, "--onnx", "--session", "--out", out, "--json")
     assert r.exit_code == 0, r.output
@@ -277,6 +283,7 @@ def test_export_serves_the_window_and_the_session_graph_takes_one(
     # Its logits are the model's on each user's latest 20 items, every user and item.
     users = np.repeat(np.arange(data.n_users), data.n_items).astype(np.int64)
     items = np.tile(np.arange(data.n_items), data.n_users).astype(np.int64)
+    assert data.n_users > 2 * onnx_graph.STATE_USERS
     window = data.context("next", np, 20).astype(np.int64)[users]
     served = ort.InferenceSession(str(out)).run(["logit"], {"user": users, "item": items})[0]
     with torch.no_grad():
