@@ -145,8 +145,13 @@ class SplitLinear(nn.Module):
         fan_in = sum(sizes)
         full = torch.empty(out, fan_in)
         init(full)
+        # Each block in a storage of its own, in row-major strides: a [1, k] slice of `full` is
+        # "contiguous" to torch with its parent's row stride, and DDP's bucket views (made
+        # from a parameter's strides) then disagree with its gradient's ("Grad strides do not
+        # match bucket view strides" with a NeuMF head on --nproc 2).
         self.weights = nn.ParameterList(
-            nn.Parameter(w.contiguous()) for w in full.split(list(sizes), dim=1)
+            nn.Parameter(w.clone(memory_format=torch.contiguous_format))
+            for w in full.split(list(sizes), dim=1)
         )
         bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default bias init
         self.bias = nn.Parameter(torch.empty(out).uniform_(-bound, bound))
