@@ -412,6 +412,22 @@ def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
     return Backend("cuda", cp, index)
 
 
+def array_backend(device: str) -> Backend:
+    """The arrays alone, for a Dask worker's task (engine_dask.split_write): NumPy, or CuPy on
+    the worker's one visible GPU (dask-cuda pins each worker with CUDA_VISIBLE_DEVICES).
+
+    Unlike get_backend it neither imports torch (a few hundred MB of host memory in every
+    worker, whose --memory-limit is small) nor sets up RMM for torch: the task only sorts,
+    splits and draws with CuPy, from CuPy's own pool."""
+    if device != "cuda":
+        return Backend("cpu", np, 0)
+    cp, why = _cupy_probe()
+    if cp is None:
+        raise NcfError(f"a Dask GPU worker cannot use its GPU: {why}")
+    cp.cuda.Device(0).use()
+    return Backend("cuda", cp, 0)
+
+
 def read_table_gpu(path: str, fmt: str, **kwargs: Any) -> Any:
     """Read a CSV or Parquet file with cuDF onto the GPU (callers check frame_library first)."""
     cudf = _cudf()

@@ -29,20 +29,17 @@ Nothing sorts globally and nothing groups the whole data: a worker holds one blo
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ncfcli.backend import Backend, get_backend
+from ncfcli.backend import Backend, array_backend, get_backend
 from ncfcli.data import raw, values
 from ncfcli.data.blocks import (
     Block,
@@ -58,11 +55,13 @@ from ncfcli.data.blocks import (
 )
 from ncfcli.data.buckets import SplitRules, TooFewCandidates, bucket_of, default_buckets
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.dask_cluster import check_memory, client_for, died, parse_memory, worker_stats
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted
 from ncfcli.errors import NcfError
 
 KILL_BUCKET_ENV = "NCF_DASK_TEST_KILL_BUCKET"  # tests: the worker splitting this bucket dies
+STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl-C's moment)
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -131,6 +130,10 @@ def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo:
 
     if os.environ.get(KILL_BUCKET_ENV) == str(index):
         os._exit(1)  # a test of a worker dying mid-run
+    if os.environ.get(STALL_BUCKET_ENV) == str(index):
+        import time
+
+        time.sleep(3600)  # a test of Ctrl-C mid-run: the dataset folder is half-written now
     users, items, stamps = bucket["user"], bucket["item"], bucket["ts"]
     if keep is not None:
         rows = _kept(bucket, keep, lo)
@@ -138,7 +141,7 @@ def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo:
         users = new_id[users[rows] - lo].astype(np.int32)
         assert item_map is not None
         items, stamps = item_map[items[rows]].astype(np.int32), stamps[rows]
-    backend = get_backend(device)
+    backend = array_backend(device)  # no torch: it would only weigh on the worker's memory
     xp = backend.xp
     part = split_bucket(xp.asarray(users), xp.asarray(items), xp.asarray(stamps), new_lo,
                         new_hi, n_items, rules, xp)  # fmt: skip
@@ -254,88 +257,6 @@ def _file_source(config: PrepareConfig, files: list[Path], top: Path,
             "files": [str(f) for f in files], "sha256": combined}  # fmt: skip
 
 
-def _parse_memory(limit: str | None) -> int | None:
-    if limit is None:
-        return None
-    from dask.utils import parse_bytes
-
-    try:
-        return int(parse_bytes(limit))
-    except (ValueError, TypeError):
-        raise NcfError(f"--memory-limit must be a size such as 4GiB or 500MB, got {limit!r}"
-                       ) from None  # fmt: skip
-
-
-@contextlib.contextmanager
-def _client(config: PrepareConfig, backend: Backend, scratch: Path) -> Iterator[Any]:
-    """A distributed Client: --scheduler's cluster, or a local one closed on the way out."""
-    from distributed import Client, LocalCluster
-
-    if config.scheduler is not None:
-        try:
-            if Path(config.scheduler).is_file():
-                client = Client(scheduler_file=config.scheduler, timeout="30s")
-            else:
-                client = Client(config.scheduler, timeout="30s")
-        except OSError as e:
-            raise NcfError(f"--scheduler {config.scheduler}: cannot connect: {e}") from None
-        with client:
-            yield client
-        return
-    memory = _parse_memory(config.memory_limit)
-    # The scheduler's HTTP server (health, metrics) binds a port even with the dashboard off:
-    # distributed's default is 8787, the user's own Dask dashboard's, where it warns "Port 8787
-    # is already in use" in the middle of the command's output. ":0" takes any free port.
-    http = ":0"
-    if backend.is_cuda:
-        # dask-cuda: one worker process per visible GPU, each pinned to its GPU.
-        from dask_cuda import LocalCUDACluster
-
-        cluster = LocalCUDACluster(n_workers=config.workers, memory_limit=memory or "auto",
-                                   local_directory=str(scratch), dashboard_address=http,
-                                   enable_cudf_spill=True, silence_logs=logging.ERROR)  # fmt: skip
-    else:
-        workers = config.workers or os.cpu_count() or 1
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               memory_limit=memory or "auto", local_directory=str(scratch),
-                               dashboard_address=http, scheduler_kwargs={"dashboard": False},
-                               silence_logs=logging.ERROR)  # fmt: skip
-    with cluster, Client(cluster) as client:
-        yield client
-
-
-def _worker_stats(client: Any) -> dict[str, Any]:
-    """Spilled bytes and peak RSS summed over the workers (what bench_scale.py prints)."""
-
-    def stats(dask_worker: Any) -> tuple[float, int]:
-        import resource
-
-        metrics = getattr(dask_worker.data, "cumulative_metrics", {})
-        spilled = float(metrics.get(("disk-write", "bytes"), 0.0))
-        return spilled, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    per = client.run(stats)
-    info = client.scheduler_info()
-    limits = [w.get("memory_limit") for w in info.get("workers", {}).values()]
-    return {"workers": len(per), "memory_limit": limits[0] if limits else None,
-            "spilled_bytes": int(sum(s for s, _ in per.values())),
-            "peak_rss_bytes": int(sum(r for _, r in per.values()))}  # fmt: skip
-
-
-def _died(e: BaseException, client: Any) -> NcfError:
-    """One line for a worker that died (killed by its nanny near --memory-limit, or crashed)."""
-    why = "a Dask worker died"
-    try:
-        if client.get_events("worker-restart-memory"):
-            why = "a Dask worker exceeded its memory limit and was restarted"
-    except Exception:  # the events are a nicety; the message stands without them
-        pass
-    task = getattr(e, "task", None)
-    where = f" while running {task}" if task else ""
-    return NcfError(f"{why}{where}; give each worker more --memory-limit, or use fewer "
-                    "--workers (--out is untouched)")  # fmt: skip
-
-
 def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
                  quiet: bool) -> dict[str, Any]:  # fmt: skip
     """The Dask engine: the memory engine's dataset (same arrays, meta and fingerprint)."""
@@ -345,23 +266,28 @@ def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
         raise NcfError("--engine dask needs Dask: pip install 'ncfcli[dask]'") from None
     from distributed import KilledWorker
 
+    memory = parse_memory(config.memory_limit)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.dask-", dir=out.parent))
     try:
-        with _client(config, backend, scratch) as client:
+        plan = _source_and_blocks(config, backend, scratch, quiet)
+        check_memory(
+            config.memory_limit, plan[1], plan[2]["shape"], backend
+        )  # before any worker starts
+        with client_for(config, backend, scratch, memory) as client:
             try:
-                return _run(config, backend, out, stage, quiet, client, scratch)
+                return _run(config, backend, out, stage, plan, client)
             except NcfError:
                 raise
             except (KilledWorker, CancelledError) as e:
                 # A lost worker's results are gone and their inputs already released, so
                 # nothing is recomputed: the run stops with one line.
-                raise _died(e, client) from None
+                raise died(e, client) from None
             except (OSError, RuntimeError) as e:
                 from distributed.comm.core import CommClosedError
 
                 if isinstance(e, CommClosedError) or "worker" in str(e).lower():
-                    raise _died(e, client) from None
+                    raise died(e, client) from None
                 if str(e).startswith("P2P"):
                     raise NcfError(f"the Dask shuffle failed: {str(e).splitlines()[0]}") from None
                 raise
@@ -369,13 +295,13 @@ def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, quiet: bool,
-         client: Any, scratch: Path) -> dict[str, Any]:  # fmt: skip
+def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: Any,
+         client: Any) -> dict[str, Any]:  # fmt: skip
     """The stages, top to bottom: read, filter and index (the shuffle), split and write."""
     from ncfcli.data.sources import save_titles
 
     with stage("read") as note:
-        source, parts, infos = _read(config, backend, client, scratch, quiet)
+        source, parts, infos = _read(config, backend, client, plan)
         n_raw = sum(i["n_raw"] for i in infos)
         note["done"] = f"{n_raw:,} rows in {len(parts)} blocks on {len(client.nthreads())} workers"
     if n_raw == 0:
@@ -401,10 +327,11 @@ def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, quiet: 
     return meta
 
 
-def _read(config: PrepareConfig, backend: Backend, client: Any, scratch: Path,
-          quiet: bool) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:  # fmt: skip
-    """Every block read on the workers (futures of Parts) and what each reported."""
-    source, blocks, how = _source_and_blocks(config, backend, scratch, quiet)
+def _read(config: PrepareConfig, backend: Backend, client: Any,
+          plan: Any) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:  # fmt: skip
+    """Every block of `plan` (_source_and_blocks) read on the workers (futures of Parts) and
+    what each reported."""
+    source, blocks, how = plan
     kind = first_time_kind(blocks, how["roles"])
     spec = ReadSpec(how["roles"], config.min_rating, how["shape"], config.seed,
                     time_kind=kind, device=backend.name)  # fmt: skip
@@ -437,7 +364,7 @@ class _Indexed:
     user_ids: Any  # raw ids of the kept users, in dense-id order
     item_ids: Any
     buckets: list[Any]  # a future per bucket: its deduplicated rows, pre-drop ids
-    pre: list[int]  # bucket bounds on the pre-drop user ids
+    pre: list[int]  # each bucket's first pre-drop user id
     bounds: list[int]  # the same bounds on the final ids
     keeps: list[np.ndarray | None]  # per bucket, which of its users stay (None: all)
     item_map: np.ndarray | None  # pre-drop item id -> final (None: none dropped)
@@ -476,7 +403,10 @@ def _index(config: PrepareConfig, client: Any, parts: list[Any],
     user_ids = dictionary([i["users"] for i in infos])
     item_ids = dictionary([i["items"] for i in infos])
     if held_users is not None:
-        check_holdout(config, codes(held_users, user_ids), user_ids, get_backend("cpu"))
+        # The held-out block is the last: the users of the others have training rows.
+        trained = np.zeros(len(user_ids), bool)
+        trained[np.searchsorted(user_ids, dictionary([i["users"] for i in infos[:-1]]))] = True
+        check_holdout(config, codes(held_users, user_ids), trained, user_ids, get_backend("cpu"))
     n_u, n_i = len(user_ids), len(item_ids)
     n_buckets = min(config.buckets or default_buckets(sum(i["n_rows"] for i in infos), n_u), n_u)
     pre = [b * n_u // n_buckets for b in range(n_buckets + 1)]
@@ -510,8 +440,12 @@ def _index(config: PrepareConfig, client: Any, parts: list[Any],
         present = np.logical_or.reduce(seen)
         item_map = (np.cumsum(present) - 1).astype(np.int32)
         user_ids, item_ids = user_ids[keep], item_ids[present]
-    return _Indexed(user_ids, item_ids, buckets, pre, [int(kept_before[b]) for b in pre], keeps,
-                    item_map, sum(d for _, d in gathered), n_u - n_keep,
+    bounds = [int(kept_before[b]) for b in pre]
+    # A bucket whose users were all dropped is left out, not written empty (as in memory).
+    full = [b for b in range(n_buckets) if bounds[b + 1] > bounds[b]]
+    return _Indexed(user_ids, item_ids, [buckets[b] for b in full], [pre[b] for b in full],
+                    [bounds[b] for b in full] + [n_keep], [keeps[b] for b in full], item_map,
+                    sum(d for _, d in gathered), n_u - n_keep,
                     int(per_user[keep].sum()))  # fmt: skip
 
 
@@ -537,7 +471,7 @@ def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any
             raise NcfError(e.message(raw_scalar(ix.user_ids[e.user]))) from None
         entries = [entry for entry, _ in results]
         counts = Counts(read[0], read[1], ix.n_dup, ix.dropped, sum(n for _, n in results))
-        stats = _worker_stats(client)
+        stats = worker_stats(client)
         meta = describe(config, backend, source, counts)
         meta = finish_dataset(tmp, entries, ix.user_ids, ix.item_ids, meta)
     return {**meta, "dask": stats}

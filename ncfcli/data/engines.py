@@ -6,8 +6,9 @@ The memory engine (ncfcli/data/prepare.py) holds every row in one process: at Mo
 20M rows its peak is about 1.9 GiB (docs/benchmarks.md), growing linearly, so about
 BYTES_PER_ROW a raw row. The Dask engine (ncfcli/data/engine_dask.py) holds one block or one
 bucket per worker and spills the rest to disk. `auto` takes the memory engine while its
-estimated peak stays under SHARE of the memory free where it runs (the GPU's with --device
-cuda, else the host's), and says which it chose and why.
+estimated peak stays under SHARE of the memory free wherever it holds the input: the host's
+where it parses there (the CPU, and --device cuda without cuDF or with synthetic data), and the
+GPU's with --device cuda; it says which it chose and why.
 """
 
 from __future__ import annotations
@@ -89,13 +90,26 @@ def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
     if config.scheduler is not None:
         return "dask", "--scheduler names a Dask cluster"
     need = estimate_bytes(estimate_rows(config))
-    free = backend.free_memory_bytes()
-    where = "GPU" if backend.is_cuda else "RAM"
-    if free is None:
-        return "memory", f"auto: the free {where} cannot be told, so the memory engine"
-    if need <= SHARE * free:
-        return "memory", f"auto: needs ~{memory_size(need)}, {memory_size(free)} {where} free"
-    return (
-        "dask",
-        f"auto: needs ~{memory_size(need)}, over {SHARE:.0%} of {memory_size(free)} {where} free",
-    )
+    told = []
+    for where, free in memories(config, backend):
+        if free is None:
+            return "memory", f"auto: the free {where} cannot be told, so the memory engine"
+        if need > SHARE * free:
+            return "dask", (f"auto: needs ~{memory_size(need)}, over {SHARE:.0%} of "
+                            f"{memory_size(free)} {where} free")  # fmt: skip
+        told.append(f"{memory_size(free)} {where}")
+    return "memory", f"auto: needs ~{memory_size(need)}, {' and '.join(told)} free"
+
+
+def memories(config: PrepareConfig, backend: Any) -> list[tuple[str, int | None]]:
+    """Where the memory engine holds the whole input, and how much is free there: the host
+    wherever it parses (the CPU; with --device cuda, files without cuDF and synthetic data,
+    which is generated with NumPy), then the GPU with --device cuda."""
+    from ncfcli.backend import cudf_installed, host_available_bytes
+
+    found: list[tuple[str, int | None]] = []
+    if not backend.is_cuda or config.source == SYNTHETIC or not cudf_installed():
+        found.append(("RAM", host_available_bytes()))
+    if backend.is_cuda:
+        found.append(("GPU", backend.free_memory_bytes()))
+    return found

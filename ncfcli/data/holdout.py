@@ -4,7 +4,9 @@ Both engines (prepare.py in memory, engine_dask.py out of core) treat the file t
 its (user, item) rows join the training rows timed one after the latest training time, so the
 split's "latest item" of each user is the supplied one (a pair also in training collapses into
 the held-out one); its ids must be of the training file's kind (numbers or text); and every
-user must have exactly one row in it. Only the negatives are drawn.
+user must have exactly one row in it and at least one training row (a user only in the file is
+refused with one line naming it: its held-out item could not be evaluated). Only the negatives
+are drawn.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from ncfcli.backend import Backend
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.record import raw_scalar
-from ncfcli.data.xops import host_int
+from ncfcli.data.xops import host_int, to_host
 from ncfcli.errors import NcfError
 
 
@@ -42,9 +44,22 @@ def check_kinds(config: PrepareConfig, role: str, train_text: bool, held_text: b
                        f"{kinds[0]}: the two files must name {role}s the same way")  # fmt: skip
 
 
-def check_holdout(config: PrepareConfig, test_codes: Any, user_ids: Any, backend: Backend) -> None:
-    """Every user (dense ids over training and held-out rows) has exactly one held-out row."""
+def check_holdout(config: PrepareConfig, test_codes: Any, trained: Any, user_ids: Any,
+                  backend: Backend) -> None:  # fmt: skip
+    """Every user (dense ids over training and held-out rows) has exactly one held-out row and
+    at least one training row (`trained`, bool per dense user). A held-out item of a user with
+    no training row cannot be evaluated: no model has seen the user. Dropping such users would
+    hide a wrong file (another split's, or ids of another kind of user), so it is refused."""
     xp = backend.xp
+    absent = ~trained
+    n_absent = host_int(absent.sum(), xp)
+    if n_absent:
+        shown = [repr(raw_scalar(user_ids[int(u)])) for u in to_host(xp.nonzero(absent)[0][:3], xp)]
+        more = ", ..." if n_absent > len(shown) else ""
+        users = "user" if n_absent == 1 else "users"
+        raise NcfError(f"{config.test}: {n_absent} {users} ({', '.join(shown)}{more}) with no "
+                       f"training row in {config.source}: a held-out item needs the user's "
+                       "training rows")  # fmt: skip
     per_user = xp.bincount(test_codes, minlength=len(user_ids))
     for bad, why in ((per_user > 1, "has {n} rows in {f}: a held-out file has one per user"),
                      (per_user == 0, "has no row in {f}: every user needs a held-out item")):  # fmt: skip

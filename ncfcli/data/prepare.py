@@ -228,7 +228,9 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: _Stages,
         del item
         n_u, n_i = len(user_ids), len(item_ids)
         if n_test_rows:
-            check_holdout(config, u_code[len(u_code) - n_test_rows :], user_ids, backend)
+            n_train_rows = len(u_code) - n_test_rows
+            trained = xp.bincount(u_code[:n_train_rows], minlength=n_u) > 0
+            check_holdout(config, u_code[n_train_rows:], trained, user_ids, backend)
         key = u_code.astype(xp.int64, copy=False)
         key *= n_i
         key += i_code
@@ -313,7 +315,8 @@ def _drop_light_users(config: PrepareConfig, pos: _Positives, backend: Backend) 
         present = xp.bincount(pos.items, minlength=n_i) > 0
         pos.items = (xp.cumsum(present) - 1)[pos.items].astype(xp.int32)
         kept_before = np.concatenate([[0], np.cumsum(backend.to_numpy(keep_user))])
-        pos.bounds = [int(kept_before[b]) for b in (pos.bounds or [0, n_u])]
+        # A bucket whose users were all dropped is left out, not written empty (as Dask does).
+        pos.bounds = sorted({int(kept_before[b]) for b in (pos.bounds or [0, n_u])})
         pos.user_ids = pos.user_ids[backend.to_numpy(keep_user)]
         pos.item_ids = pos.item_ids[backend.to_numpy(present)]
 
