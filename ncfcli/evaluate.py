@@ -32,20 +32,28 @@ if TYPE_CHECKING:  # EvalConfig loads no torch: `ncf eval -k 0` is refused at on
 DEFAULT_KS = (1, 5, 10, 20)
 
 
-def rows_for(backend: Any, batch_rows: int | None = None, model: Any = None) -> int:
+def rows_for(
+    backend: Any, batch_rows: int | None = None, model: Any = None,
+    candidates: int | None = None, own_items: bool = False,
+) -> int:  # fmt: skip
     """The (user, item) pairs to score at once: `batch_rows` (--eval-batch), else as many as
     the device's memory budget holds for `model` (ncfcli.metrics.budget_rows: 256 MB on a
-    CPU, 4 GB on a GPU, divided by what a pair costs: 16 bytes for a factored scorer, plus
-    its per-pair activations where they are not tiled, 5 KB for one scoring pairs).
+    CPU, 4 GB on a GPU but at most half its free memory, divided by what a pair costs: 16
+    bytes for a factored scorer, plus its per-pair activations where they are not tiled, the
+    item rows gathered per pair where each user scores its own items (`own_items`: the
+    sampled protocol, 4 x factors bytes a table), and each user's own work shared by its
+    `candidates`; 5 KB for one scoring pairs).
 
     Counting pairs alone sized chunks for the MLP's activations: 2^16 pairs was 2 users a
-    chunk at 24k items, so full ranking ran 15,000 small products (issue 22).
+    chunk at 24k items, so full ranking ran 15,000 small products (issue 22); counting 16
+    bytes a pair let a sampled chunk of MF with 128 factors gather 32x the budget (issue 32).
     """
     if batch_rows is not None:
         return batch_rows
     from ncfcli.metrics import budget_rows
 
-    return budget_rows(model, backend.torch_device)  # model None: priced as forward() pairs
+    # model None: priced as forward() pairs
+    return budget_rows(model, backend.torch_device, None, candidates, own_items)
 
 
 @dataclass(frozen=True)
@@ -184,7 +192,10 @@ def evaluate(
         protocol = f"sampled ({n_neg} negatives)"
         candidates = f"{n_neg + 1} (held-out item + {n_neg} sampled negatives)"
         check_ks(cfg.ks, n_neg + 1, "sampled")
-    rows = rows_for(backend, cfg.batch_rows, model)
+    if cfg.full_ranking:  # every item, or blocks of items shared by a chunk's users
+        rows = rows_for(backend, cfg.batch_rows, model, data.n_items)
+    else:  # each user's own N + 1 items, their rows gathered per pair
+        rows = rows_for(backend, cfg.batch_rows, model, n_neg + 1, own_items=True)
     # An order term scores each user after their latest item before the held-out one.
     prev = None
     if uses_order(model):  # a sequence term: the latest items before the held-out one

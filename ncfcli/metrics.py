@@ -117,9 +117,11 @@ def score_items(
 
 # The memory budget of scoring (`ncf eval`, `ncf recommend`) where --eval-batch is not given:
 # what one chunk of users may hold, in bytes. A CPU's is small (chunks larger than this gained
-# nothing on a 2-core CPU); a GPU's fills a fraction of a data-centre card.
+# nothing on a 2-core CPU); a GPU's fills a fraction of a data-centre card, and never more than
+# FREE_SHARE of what the card has free when scoring starts (other jobs, the model, the data).
 BUDGET_CPU = 256 << 20
 BUDGET_GPU = 4 << 30
+FREE_SHARE = 0.5
 # Per (user, item) pair of a chunk, besides the model's own activations: the float32 score,
 # a second float32 (the sum out + term), the mask and the comparisons (bool each), rounded up.
 SCORE_PAIR_BYTES = 16
@@ -127,23 +129,88 @@ SCORE_PAIR_BYTES = 16
 FORWARD_PAIR_BYTES = 5 << 10
 
 
-def pair_bytes(model: torch.nn.Module | None, device: torch.device | str) -> int:
-    """Bytes one (user, item) pair of a scoring chunk costs for `model` on `device`."""
+def gathered_floats(model: torch.nn.Module, device: torch.device) -> int:
+    """Floats score_all gathers per (user, item) pair when each user scores its own items
+    [U, C] (the sampled protocol): one row of every item table it reads, `weight[items]`
+    [U, C, width] (layers.dot_items). Scoring every item, or a block of items shared by the
+    chunk's users, reads each row once per item instead: nothing per pair."""
+    width = 0
+    for part in ("gmf_tower", "order_term", "sequence"):  # GMF/MF's Q, the terms' own Q
+        module = getattr(model, part, None)
+        if module is not None:
+            width += int(module.item.weight.shape[1])
+    if getattr(model, "biases", None) is not None:  # MF's item bias, [U, C, 1]
+        width += 1
+    mlp = getattr(model, "mlp_tower", None)
+    if mlp is not None and mlp.first is None:  # one size: the item embeddings themselves
+        width += int(mlp.item.weight.shape[1])
+    elif mlp is not None and device.type != "cpu":  # the projected rows, untiled on a GPU
+        width += int(mlp.first.bias.shape[0])
+    factors = getattr(model, "item_factors", None)  # ALS
+    if isinstance(factors, torch.Tensor):
+        width += int(factors.shape[1])
+    return width
+
+
+def user_bytes(model: torch.nn.Module) -> int:
+    """Bytes score_all holds per user of a chunk, whatever the items scored: the sequence
+    term's encoder over the user's window (one block's activations at a time: about 8 [L, d]
+    and 3 [L, L] float32), EASE's and ItemKNN's dense row over the catalogue (and ItemKNN's
+    popularity tie-break beside it)."""
+    seq = getattr(model, "sequence", None)
+    if seq is not None:
+        length, width = int(seq.blocked.shape[0]), int(seq.item.weight.shape[1])
+        return 4 * length * (8 * width + 3 * length)
+    kind = getattr(getattr(model, "cfg", None), "kind", None)
+    rows = {"ease": 1, "itemknn": 3}.get(str(kind), 0)
+    return 4 * rows * int(getattr(model.cfg, "n_items", 0)) if rows else 0
+
+
+def pair_bytes(
+    model: torch.nn.Module | None, device: torch.device | str, candidates: int | None = None,
+    own_items: bool = False,
+) -> int:  # fmt: skip
+    """Bytes one (user, item) pair of a scoring chunk costs for `model` on `device`: the score
+    and its mask, the model's per-pair activations, with `own_items` (each user scores its own
+    `candidates` items: the sampled protocol) the item rows gathered per pair, and each user's
+    own work (`user_bytes`) shared by the `candidates` items the user is scored against
+    (n_items in a full ranking; None: not counted)."""
     device = torch.device(device)
-    if not callable(getattr(model, "score_all", None)):
+    if model is None or not callable(getattr(model, "score_all", None)):
         return FORWARD_PAIR_BYTES
     extra = getattr(model, "score_bytes_per_pair", None)
-    return SCORE_PAIR_BYTES + (int(extra(device)) if callable(extra) else 0)
+    out = SCORE_PAIR_BYTES + (int(extra(device)) if callable(extra) else 0)
+    if own_items:
+        out += 4 * gathered_floats(model, device)
+    if candidates:
+        out += -(-user_bytes(model) // candidates)
+    return out
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """What scoring may still allocate on a CUDA device (free, plus torch's cache unused:
+    ncfcli.baselines.free_memory_bytes); None on a CPU, whose budget is fixed."""
+    if device.type != "cuda":
+        return None
+    from ncfcli.baselines import free_memory_bytes
+
+    return free_memory_bytes(device)
 
 
 def budget_rows(
-    model: torch.nn.Module | None, device: torch.device | str, budget: int | None = None
-) -> int:
-    """Pairs per chunk that fit `budget` bytes (default: BUDGET_CPU or BUDGET_GPU)."""
+    model: torch.nn.Module | None, device: torch.device | str, budget: int | None = None,
+    candidates: int | None = None, own_items: bool = False,
+) -> int:  # fmt: skip
+    """Pairs per chunk that fit `budget` bytes (default: BUDGET_CPU or BUDGET_GPU; on a GPU at
+    most FREE_SHARE of its free memory), at `pair_bytes(model, device, candidates, own_items)`
+    a pair."""
     device = torch.device(device)
     if budget is None:
         budget = BUDGET_GPU if device.type == "cuda" else BUDGET_CPU
-    return max(1, budget // pair_bytes(model, device))
+    free = free_bytes(device)
+    if free is not None:
+        budget = min(budget, int(FREE_SHARE * free))
+    return max(1, budget // pair_bytes(model, device, candidates, own_items))
 
 
 def chunk_users(n_items: int, max_rows: int) -> int:

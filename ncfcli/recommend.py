@@ -227,7 +227,8 @@ class _Scorer:
             self.after = backend.to_numpy(latest)
         self.device = device
         self.k = cfg.k
-        self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows, self.model))
+        self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows, self.model,
+                                                      data.n_items))  # fmt: skip
 
     def top(self, dense: Sequence[int] | Any) -> tuple[Any, Any]:
         """Dense user ids -> host (items int64 [U, k'], logits float32 [U, k']), -inf = no item."""
