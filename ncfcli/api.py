@@ -120,10 +120,13 @@ def train(
     return run_train(cfg, progress=progress)
 
 
-def tune(data: PathLike | Dataset, out: PathLike | None = None, **options: Any) -> dict[str, Any]:
+def tune(
+    data: PathLike | Dataset, out: PathLike | None = None, *, quiet: bool = True, **options: Any
+) -> dict[str, Any]:  # fmt: skip
     """`ncf tune DATA`: search models and settings on the validation split (budget=seconds or
     trials=N); returns the report (report.json's content: the trials, the chosen one with its
-    run directory and test figures, the importances) with `tune_dir`."""
+    run directory and test figures, the importances) with `tune_dir`. quiet=False prints each
+    trial's line on stderr, as the command does."""
     from ncfcli.data.sources import resolve_prepared
     from ncfcli.tune.config import TuneConfig
     from ncfcli.tune.run import tune as run_tune
@@ -131,7 +134,7 @@ def tune(data: PathLike | Dataset, out: PathLike | None = None, **options: Any) 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
     cfg = from_keywords(TuneConfig, {"out": None if out is None else str(out), **options}, "tune",
                         data_dir=str(path))  # fmt: skip
-    return run_tune(cfg)
+    return run_tune(cfg, quiet=quiet)
 
 
 def _run_dir(run: Any) -> Path:

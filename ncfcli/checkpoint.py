@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_path
+from ncfcli.fsutil import atomic_path, read_marker
 from ncfcli.model import NCF, ModelConfig, build_model
 
 FORMAT_VERSION = 1
@@ -145,6 +145,13 @@ def find_checkpoint(run_dir: str | os.PathLike, which: str = "best") -> Path:
     for p in order:
         if p.is_file():
             return p
+    if (run_dir / "tune.json").is_file() or (read_marker(run_dir) or {}).get("kind") == "tune":
+        # ncf tune's directory (ncfcli/tune/run.py): its chosen run is TUNE_DIR/best
+        chosen = run_dir / "best"
+        if chosen.is_dir():
+            raise NcfError(f"{run_dir} is an ncf tune directory: use {chosen}")
+        raise NcfError(f"{run_dir} is an ncf tune directory that has not chosen a run yet "
+                       f"({chosen}): run its ncf tune to the end")  # fmt: skip
     raise NcfError(f"{run_dir} is not a complete run: no {BEST} or {CKPT_DIR}/{LAST}")
 
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.tune.search import SPENT
+from ncfcli.tune.search import spent
 
 pytest.importorskip("optuna")
 
@@ -110,7 +110,7 @@ def test_two_processes_share_one_study(data: Path, tmp_path: Path) -> None:
     assert ncf("tune", data, "--trials", 1, "--out", out, *SMALL).exit_code == 0
     # --budget counts every run on the study: 8 s more than the first run took (a loaded
     # machine may take longer than 8 s for it)
-    budget = int(_study(out).user_attrs[SPENT]) + 8
+    budget = int(spent(_study(out))) + 8
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "ncfcli", "tune", str(data), "--budget", str(budget), "--out",
            str(out), *SMALL]  # fmt: skip

@@ -25,6 +25,7 @@ def info(json_out: bool = json_option()) -> None:
         "cuda_problem": why or None,
         "gpus": gpus,
     }
+    data["extras"] = _extras()
     try:
         import torch
 
@@ -43,4 +44,25 @@ def info(json_out: bool = json_option()) -> None:
         ("GPUs", ", ".join(gpus) or "none"),
         ("torch CUDA", "yes" if data["torch_cuda"] else "no"),
     ]
+    rows += [(f"{lib} ({e['for']})", e["version"] or f"not installed: pip install 'ncfcli[{e['extra']}]'")
+             for lib, e in data["extras"].items()]  # fmt: skip
     out_console().print(summary_table("ncf info", rows))
+
+
+# The optional libraries and what needs them: library -> (what, the extra that installs it).
+EXTRAS = {"optuna": ("ncf tune", "tune"), "dask": ("prepare --engine dask", "dask"),
+          "implicit": ("--model als", "baselines")}  # fmt: skip
+
+
+def _extras() -> dict[str, dict[str, str | None]]:
+    """{library: {"for": what needs it, "extra": its extra, "version": None if not installed}}."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, dict[str, str | None]] = {}
+    for lib, (what, extra) in EXTRAS.items():
+        try:
+            found: str | None = version(lib)
+        except PackageNotFoundError:
+            found = None
+        out[lib] = {"for": what, "extra": extra, "version": found}
+    return out

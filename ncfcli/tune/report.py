@@ -17,26 +17,18 @@ import csv
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, atomic_write_text, read_json_record, record_written
-from ncfcli.train.config import SELECT_METRICS, selection_key
+from ncfcli.train.config import SELECT_METRICS
 from ncfcli.tune import space
-from ncfcli.tune.search import SPENT, TRIALS_DIR, _optuna
+from ncfcli.tune.search import TRIALS_DIR, _optuna, best_trial, spent, validation_figures
 
 REPORT, TABLE, PLOT, BEST = "report.json", "trials.csv", "validation.png", "best"
 KIND = "tune"
-
-
-def validation_figures(t: Any) -> dict[str, float]:
-    """A finished trial's validation figures ({} for one that did not finish). A trial of a
-    study from before --select-metric recorded only its HR@10 (its value) and NDCG@10."""
-    if t.value is None:
-        return {}
-    return dict(t.user_attrs.get("validation")
-                or {"hr@10": t.value, "ndcg@10": t.user_attrs.get("ndcg@10")})  # fmt: skip
 
 
 def trial_rows(study: Any) -> list[dict[str, Any]]:
@@ -44,24 +36,17 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
     for t in study.get_trials(deepcopy=False):
         plain = space.plain(t.params)
         figures = validation_figures(t)
+        state = t.state.name.lower()
+        if state == "fail":  # why: skipped for time, interrupted (rerun on resume), or an error
+            state = next((k for k in ("skipped", "interrupted") if t.user_attrs.get(k)), state)
         rows.append({
-            "number": t.number, "state": t.state.name.lower(), "model": plain.pop("model", None),
+            "number": t.number, "state": state, "model": plain.pop("model", None),
             "params": plain, "value": t.value,
             **{f"validation_{m}": figures.get(m) for m in SELECT_METRICS},
             "epochs": t.user_attrs.get("epochs", t.last_step),
             "seconds": (t.duration.total_seconds() if t.duration is not None else None),
         })  # fmt: skip
     return rows
-
-
-def best_trial(study: Any, metric: str = "hr@10") -> Any | None:
-    """The finished trial with the highest validation figure of `metric` (--select-metric),
-    the other figure of its protocol breaking ties, then the earliest."""
-    states = _optuna().trial.TrialState
-    done = [t for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
-    if not done:
-        return None
-    return max(done, key=lambda t: (*selection_key(validation_figures(t), metric), -t.number))
 
 
 def importances(study: Any) -> dict[str, dict[str, float]]:
@@ -86,7 +71,9 @@ def importances(study: Any) -> dict[str, dict[str, float]]:
 
 def _importance(optuna: Any, study: Any, params: list[str]) -> dict[str, float]:
     try:
-        got = optuna.importance.get_param_importances(study, params=params)
+        with warnings.catch_warnings():  # "importances will be equal": the figures say so
+            warnings.simplefilter("ignore")
+            got = optuna.importance.get_param_importances(study, params=params)
     except (RuntimeError, ValueError):  # too few distinct values to split on
         return {}
     return {k: round(float(v), 4) for k, v in got.items()}
@@ -107,7 +94,7 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
         chosen = _choose(best, tune_dir, device)
     report = {
         "kind": KIND, "config": cfg_json, "select_metric": metric,
-        "spent_seconds": round(float(study.user_attrs.get(SPENT, 0.0)), 1),
+        "spent_seconds": round(spent(study), 1),
         "trials": trial_rows(study), "best": chosen, "importances": importances(study),
     }  # fmt: skip
     atomic_write_text(tune_dir / REPORT, json.dumps(report, indent=2, default=str) + "\n")

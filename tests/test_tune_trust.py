@@ -1,0 +1,421 @@
+"""`ncf tune` under Ctrl-C, missing libraries, failing trials, a budget spread over invocations
+(a fake clock), ties, stale trials and GPU lists (issue 32). Tiny synthetic data."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.cli import app
+
+optuna = pytest.importorskip("optuna")
+
+REPO = Path(__file__).resolve().parents[1]
+CPU = ["--device", "cpu"]
+
+
+def ncf(*args: object) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("trust") / "data"
+    res = ncf("prepare", "synthetic", "--users", 60, "--items", 80, "--interactions", 1500,
+              "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Trials of about a second: a signal sent as one trial ends lands in the next."""
+    out = tmp_path_factory.mktemp("trust") / "slower"
+    res = ncf("prepare", "synthetic", "--users", 300, "--items", 200, "--interactions", 12000,
+              "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _study(tune_dir: Path) -> Any:
+    from ncfcli.tune.config import TuneConfig
+    from ncfcli.tune.search import open_study
+
+    return open_study(tune_dir, TuneConfig(data_dir=".", trials=1))
+
+
+class FakeClock:
+    """search.clock: moves only when told."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------
+
+
+def _interrupt_after_first_trial(cmd: list[str], env: dict[str, str]) -> tuple[int, float, str]:
+    """Run `cmd`, send SIGINT as its first trial's line appears; (exit code, seconds from the
+    signal to the exit, stderr)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    lines: list[str] = []
+    first = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("trial "):
+                first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert first.wait(240), "no trial ended: " + "".join(lines)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(60)
+    took = time.monotonic() - sent
+    reader.join(10)
+    return code, took, "".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_the_search_at_once_and_prints_the_command_that_continues(
+    slower: Path, tmp_path: Path, jobs: int
+) -> None:
+    out = tmp_path / "t"
+    args = ["tune", str(slower), "--out", str(out), "--trials", "8", "--models", "mf",
+            "--max-epochs", "3", *(["--jobs", str(jobs)] if jobs > 1 else []), "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code, took, err = _interrupt_after_first_trial([sys.executable, "-m", "ncfcli", *args], env)
+    assert code == 130, err
+    assert took < 5.0, f"{took:.1f} s from Ctrl-C to the exit"
+    assert "Traceback" not in err and "Warning" not in err, err
+    said = [line for line in err.splitlines() if "continue with:" in line]
+    assert len(said) == 1, err
+    command = shlex.split(said[0].split("continue with:", 1)[1])
+    assert command[:2] == ["ncf", "tune"] and command[2:] == args[1:], command
+    trials = _study(out).get_trials()
+    ended = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    shown = {int(m) for m in re.findall(r"^trial (\d+) ", err, flags=re.M)}
+    assert shown and shown <= {t.number for t in ended}, "a trial that ended was lost"
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    cut = [t for t in trials if t.user_attrs.get("interrupted")]
+    assert all(not (out / "trials" / f"{t.number:05d}").exists() for t in cut)
+    # The printed command continues the search: the interrupted trials run again first.
+    res = subprocess.run([sys.executable, "-m", "ncfcli", *command[1:]], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    after = _study(out).get_trials()
+    n = sum(t.state.name in ("COMPLETE", "PRUNED") for t in after)
+    assert 8 <= n < 8 + jobs, n  # each worker ends the trial it is running at the 8th
+    rerun = {t.user_attrs.get("rerun_of") for t in after}
+    assert {t.number for t in cut} <= rerun
+    assert (out / "best" / "best.pt").is_file()
+
+
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "the NCF loop's own Ctrl-C"])
+def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The default trial (trial 0) cut by Ctrl-C: the tune stops with the `ncf tune` line (not
+    the trial's `ncf train --resume`, whose folder the tune removes), and the next invocation
+    runs trial 0's settings again before drawing new ones."""
+    import ncfcli.train.loop as loop
+    from ncfcli.errors import NcfError
+
+    real = loop.train
+
+    def cut(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        Path(cfg.out).mkdir(parents=True)
+        if how == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        raise NcfError(f"interrupted in epoch 1 at step 3/9; continue with: ncf train --out "
+                       f"{cfg.out} --resume", exit_code=130)  # fmt: skip
+
+    out = tmp_path / "t"
+    monkeypatch.setattr(loop, "train", cut)
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 130, res.output
+    assert "continue with: ncf tune" in res.output and "ncf train" not in res.output
+    (first,) = _study(out).get_trials()
+    assert first.state.name == "FAIL" and first.user_attrs["interrupted"]
+    assert first.user_attrs["default"] and not (out / "trials" / "00000").exists()
+    monkeypatch.setattr(loop, "train", real)
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    again = _study(out).get_trials()[1]
+    assert again.params == first.params and again.user_attrs["rerun_of"] == 0
+    assert again.user_attrs.get("default") and again.state.name in ("COMPLETE", "PRUNED")
+
+
+# ---- the budget over invocations, with a fake clock -----------------------------------------
+
+
+def test_the_budget_and_time_used_count_every_invocation_whole(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four invocations of one 100 s budget, each taking 5 s before the search, some search
+    time, and 2 s for its report; the third is stopped by Ctrl-C. Each one's deadline is its
+    start plus what the others left, and the time used it reports is every second so far."""
+    import ncfcli
+    from ncfcli.errors import NcfError
+    from ncfcli.tune import report, run, search
+
+    clock = FakeClock()
+    monkeypatch.setattr(search, "clock", clock)
+    searching = iter([30.0, 20.0, 10.0, 7.0])
+    deadlines: list[float] = []
+    starts: list[float] = []
+
+    def work(cfg: dict, tune_dir: str, worker: int, deadline: float | None, *rest: Any) -> bool:
+        deadlines.append(deadline)  # type: ignore[arg-type]
+        clock.now += next(searching)
+        return len(deadlines) == 3  # the third invocation: Ctrl-C
+
+    real_kinds, real_finish = run.usable_kinds, report.finish
+
+    def setup(*args: Any) -> Any:
+        starts.append(clock.now)
+        clock.now += 5.0
+        return real_kinds(*args)
+
+    def finish(*args: Any) -> Any:
+        got = real_finish(*args)
+        clock.now += 2.0
+        return got
+
+    monkeypatch.setattr(search, "work", work)
+    monkeypatch.setattr(run, "usable_kinds", setup)
+    monkeypatch.setattr(report, "finish", finish)
+    out = tmp_path / "t"
+    used = []
+    for i in range(4):
+        if i == 2:
+            with pytest.raises(NcfError, match="interrupted"):
+                ncfcli.tune(data, out, budget=100, models=["pop"], device="cpu")
+            continue
+        used.append(
+            ncfcli.tune(data, out, budget=100, models=["pop"], device="cpu")["spent_seconds"]
+        )
+    # invocation: 5 s setup + search (+ 2 s report unless interrupted)
+    assert [d - s for d, s in zip(deadlines, starts, strict=True)] == [
+        100.0,
+        100.0 - 37,
+        100.0 - 64,
+        100.0 - 79,
+    ]
+    assert used == [35.0, 37 + 25.0, 79 + 12.0]
+    assert search.spent(_study(out)) == 79 + 12 + 2
+
+
+# ---- what a trial does with too little time, an error, settings it has seen ---------------
+
+
+def test_a_baseline_fit_that_cannot_end_by_the_deadline_is_not_started(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli import baselines
+    from ncfcli.tune import cost, search
+
+    monkeypatch.setattr(search, "clock", FakeClock())  # 100 s left all along
+    fitted: list[str] = []
+    real_fit = baselines.fit
+    monkeypatch.setattr(baselines, "fit",
+                        lambda cfg, *a, **k: (fitted.append(cfg.kind), real_fit(cfg, *a, **k))[1])  # fmt: skip
+    args = ["--budget", 100, "--trials", 3, "--models", "ease,pop", *CPU]
+    # This machine fitting EASE on 80 items in about 0.1 s: it runs.
+    monkeypatch.setattr(cost, "_RATE", {"cpu": 80**3 / 0.1})
+    res = ncf("tune", data, "--out", tmp_path / "fast", *args)
+    assert res.exit_code == 0, res.output
+    assert "ease" in fitted and "skipped" not in res.output
+    # ... in about 1,000 s: never started; pop's trials end the search.
+    fitted.clear()
+    monkeypatch.setattr(cost, "_RATE", {"cpu": 80**3 / 1000.0})
+    res = ncf("tune", data, "--out", tmp_path / "slow", *args)
+    assert res.exit_code == 0, res.output
+    assert fitted == ["pop"], fitted
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("trial ") and "skipped" in ln]
+    assert len(lines) == 1 and "ease: skipped, a fit needs about" in lines[0], res.output
+    skipped = [t for t in _study(tmp_path / "slow").get_trials() if t.user_attrs.get("skipped")]
+    assert skipped and all(t.params["model"] == "ease" for t in skipped)
+
+
+def test_a_trials_error_is_one_line_and_the_search_goes_on(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli import baselines
+
+    def broken(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the fit broke\nsecond line of its message")
+
+    monkeypatch.setattr(baselines, "fit", broken)
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "mf,itemknn",
+              "--max-epochs", 1, "--seed", 3, *CPU)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and "second line" not in res.output
+    failed = [t for t in _study(out).get_trials() if t.state.name == "FAIL"]
+    assert failed and all(t.user_attrs["error"] == "the fit broke" for t in failed)
+    for t in failed:
+        assert f"trial {t.number} itemknn: failed: the fit broke; " in res.output
+
+
+def test_a_kind_without_settings_runs_once_per_study(data: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from ncfcli import baselines
+
+    fits: list[str] = []
+    real_fit = baselines.fit
+    monkeypatch.setattr(baselines, "fit",
+                        lambda cfg, *a, **k: (fits.append(cfg.kind), real_fit(cfg, *a, **k))[1])  # fmt: skip
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "pop", *CPU)
+    assert res.exit_code == 0, res.output
+    assert fits == ["pop"]
+    trials = _study(out).get_trials()
+    assert [t.user_attrs.get("same_as") for t in trials] == [None, 0, 0]
+    assert len({t.value for t in trials}) == 1
+    assert "trial 1 pop: validation HR@10" in res.output and "not trained again" in res.output
+    # The tune directory is not a run: eval, export and recommend name the one it chose.
+    for cmd in (["eval", out, *CPU], ["export", out, "--onnx"], ["recommend", out, "-u", "1"]):
+        said = ncf(*cmd)
+        assert said.exit_code != 0 and f"{out} is an ncf tune directory: use {out / 'best'}" in (
+            said.output), said.output  # fmt: skip
+
+
+# ---- checks before anything is written ------------------------------------------------------
+
+
+def test_nothing_is_created_before_the_checks_pass(data: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    out = tmp_path / "t"
+    monkeypatch.setitem(sys.modules, "optuna", None)  # Optuna not installed
+    res = ncf("tune", data, "--out", out, "--trials", 1, *CPU)
+    assert res.exit_code == 1 and "needs Optuna" in res.output, res.output
+    assert not out.exists()
+
+
+def test_kinds_whose_library_is_missing(data: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "implicit", None)  # the baselines extra not installed
+    named = ncf(
+        "tune", data, "--out", tmp_path / "named", "--trials", 1, "--models", "als,pop", *CPU
+    )
+    assert named.exit_code == 1 and not (tmp_path / "named").exists()
+    assert named.output.strip() == ("error: --models als needs the implicit library: pip install "
+                                    "'ncfcli[baselines]', or leave als out of --models")  # fmt: skip
+    out = tmp_path / "default"
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("als is left out of the search") == 1
+    assert "Traceback" not in res.output
+    assert "als" not in {t.params.get("model") for t in _study(out).get_trials()}
+
+
+def test_quiet_prints_no_trial_lines(data: Path, tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import ncfcli
+
+    ncfcli.tune(data, tmp_path / "q", trials=1, models=["pop"], device="cpu", quiet=True)
+    assert "trial 0 pop:" not in capfd.readouterr().err
+    ncfcli.tune(data, tmp_path / "loud", trials=1, models=["pop"], device="cpu", quiet=False)
+    assert "trial 0 pop: validation HR@10" in capfd.readouterr().err
+    res = ncf("tune", data, "--out", tmp_path / "cli", "--trials", 1, "--models", "pop", "-q", *CPU)
+    assert res.exit_code == 0 and "trial 0 pop:" not in res.output, res.output
+
+
+def test_a_pruned_trial_says_so_with_its_epoch() -> None:
+    from ncfcli.tune.config import TuneConfig
+    from ncfcli.tune.search import Progress, Stop
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"model": optuna.distributions.CategoricalDistribution(["mf"])}
+    study.add_trial(optuna.trial.create_trial(
+        params={"model": "mf"}, distributions=dist, state=optuna.trial.TrialState.PRUNED,
+        intermediate_values={1: 0.3, 2: 0.4}))  # fmt: skip
+    cfg = TuneConfig(data_dir=".", trials=1, models=("mf",))
+    line = Progress(cfg, None, Stop(), True)._line(study, study.trials[0], "mf", None)
+    assert line == "trial 0 mf: pruned at epoch 2; no finished trial yet"
+
+
+# ---- properties: ties, stale trials, GPU lists, warnings -------------------------------------
+
+
+def test_ties_between_trials_go_to_the_earlier_trial() -> None:
+    from ncfcli.tune.search import best_trial
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"model": optuna.distributions.CategoricalDistribution(["mf", "pop"])}
+    figures = [(0.5, 0.2), (0.6, 0.2), (0.6, 0.2), (0.6, 0.1), (0.6, 0.2)]
+    for hr, ndcg in figures:
+        study.add_trial(optuna.trial.create_trial(
+            params={"model": "mf"}, distributions=dist, value=hr,
+            user_attrs={"validation": {"hr@10": hr, "ndcg@10": ndcg}}))  # fmt: skip
+    # HR@10: 1, 2 and 4 tie (NDCG@10 too); NDCG@10: 0, 1, 2 and 4 tie, HR@10 leaves 1, 2, 4
+    assert best_trial(study).number == 1
+    assert best_trial(study, "ndcg@10").number == 1
+
+
+def test_a_live_process_trial_is_left_running_and_a_dead_one_failed(tmp_path: Path) -> None:
+    from ncfcli.tune.search import fail_stale
+
+    study = optuna.create_study(direction="maximize")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    for pid in (os.getpid(), int(dead)):
+        trial = study.ask()
+        trial.set_user_attr("pid", pid)
+        trial.set_user_attr("host", socket.gethostname())
+    assert fail_stale(study) == 1
+    live, gone = study.get_trials()
+    assert live.state.name == "RUNNING"
+    assert gone.state.name == "FAIL" and gone.user_attrs["interrupted"]
+
+
+@pytest.mark.parametrize("visible", ["2,3", "GPU-aa11,GPU-bb22", None])
+def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyPatch,
+                                                     visible: str | None) -> None:  # fmt: skip
+    from ncfcli.tune import search
+    from ncfcli.tune.config import TuneConfig
+
+    seen: list[tuple[str, str]] = []
+    monkeypatch.setattr(search, "_search", lambda cfg, path, worker, deadline, device, *rest:
+                        seen.append((os.environ["CUDA_VISIBLE_DEVICES"], device)))  # fmt: skip
+    cfg = asdict(TuneConfig(data_dir=".", trials=1))
+    for worker in range(4):  # each worker a process of its own, started with the parent's list
+        if visible is None:
+            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        else:
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        search.work(cfg, ".", worker, None, gpus=2)
+    expected = (visible or "0,1").split(",")
+    assert seen == [(expected[w % 2], "cuda") for w in range(4)]
+
+
+def test_itemknn_scoring_leaks_no_torch_warning() -> None:
+    code = (
+        "import torch; from ncfcli.baselines import _history; "
+        "_history(torch.tensor([0, 2, 3]), torch.tensor([1, 2, 0]), torch.tensor([0, 1]), 4)"
+    )
+    res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr
