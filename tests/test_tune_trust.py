@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -419,3 +420,26 @@ def test_itemknn_scoring_leaks_no_torch_warning() -> None:
     res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr
+
+
+def test_ncf_info_says_which_extras_are_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata as md
+
+    real = md.version
+
+    def version(name: str) -> str:
+        if name == "dask":
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(md, "version", version)
+    res = ncf("info")
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in res.output.splitlines() if line.count("│") == 3}  # fmt: skip
+    assert rows["dask (prepare --engine dask)"].startswith("not installed: pip install"), rows
+    assert rows["optuna (ncf tune)"] == real("optuna"), rows
+    shown = ncf("info", "--json")
+    extras = json.loads(shown.stdout)["extras"]
+    assert extras["dask"] == {"for": "prepare --engine dask", "extra": "dask", "version": None}
+    assert extras["optuna"]["version"] == real("optuna")
