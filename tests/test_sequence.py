@@ -23,6 +23,8 @@ from tests.test_order import one_error_line, train
 from tests.test_recency import EVENTS, _eras, _prepare, ncf
 
 CPU = get_backend("cpu")
+# The default window (20) on `eras`, capped at its longest training history: 10 items a user.
+WINDOW = 10
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,8 @@ def seq_run(eras: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The defaults on data whose next items follow the latest: the probe turns the term on."""
     run = tmp_path_factory.mktemp("seq") / "run"
     result = train(eras, run, "--seed", "1")
-    assert result["sequence_length"] == 20 and result["order_factors"] == 64
+    assert result["sequence_length"] == WINDOW and result["order_factors"] == 64
+    assert result["sequence_note"] == "20 capped at the longest history"
     (run.parent / "result.json").write_text(json.dumps(result))
     return run
 
@@ -212,11 +215,11 @@ def test_eval_recommend_and_train_score_the_same_windows(seq_run: Path, eras: Pa
     scale = float(model.sequence.scale)
     assert scale != 1.0
     model.calibrate(torch.arange(data.n_users), torch.from_numpy(
-        data.context("validation", np, 20).astype(np.int64)))  # fmt: skip
+        data.context("validation", np, WINDOW).astype(np.int64)))  # fmt: skip
     assert float(model.sequence.scale) == pytest.approx(scale, rel=1e-5)
     for split, figure in (("test", reported["metrics"]), ("validation", reported["validation"])):
         users, held, negatives = data.held_out(split, np)
-        window = torch.from_numpy(data.context(split, np, 20).astype(np.int64))[users]
+        window = torch.from_numpy(data.context(split, np, WINDOW).astype(np.int64))[users]
         with torch.no_grad():
             cand = torch.from_numpy(np.concatenate([held[:, None], negatives], 1).astype(np.int64))
             scores = model.score_all(torch.from_numpy(users.astype(np.int64)), window, items=cand)
@@ -234,7 +237,7 @@ def test_eval_recommend_and_train_score_the_same_windows(seq_run: Path, eras: Pa
     user_ids, item_ids = _ids(eras, "user"), _ids(eras, "item")
     u = 7
     seen = data.seen(np)[1][data.seen(np)[0][u] : data.seen(np)[0][u + 1]]
-    window = torch.from_numpy(data.context("next", np, 20).astype(np.int64))[u : u + 1]
+    window = torch.from_numpy(data.context("next", np, WINDOW).astype(np.int64))[u : u + 1]
     with torch.no_grad():
         scores = model.score_all(torch.tensor([u]), window)[0]
     scores[torch.from_numpy(np.asarray(seen, dtype=np.int64))] = float("-inf")
@@ -268,9 +271,9 @@ def test_export_serves_the_window_and_the_session_graph_takes_one(
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
     assert got["max_abs_diff"] <= 1e-4 and got["recommend_max_abs_diff"] <= 1e-4
-    assert set(got["session_parity"]) == {"1", "7", str(100_000 // 20)}
+    assert set(got["session_parity"]) == {"1", "7", str(100_000 // WINDOW)}
     meta = json.loads(out.with_suffix(".json").read_text())
-    assert meta["session"]["inputs"]["prev_item"]["shape"] == ["batch", 20]
+    assert meta["session"]["inputs"]["prev_item"]["shape"] == ["batch", WINDOW]
     sess = ort.InferenceSession(str(tmp_path / "exp" / "m_session.onnx"))
     assert [len(i.shape) for i in sess.get_inputs()] == [1, 1, 2]
     # The served graph holds each user's encoder state, not the windows: no encoder runs.
@@ -279,12 +282,12 @@ def test_export_serves_the_window_and_the_session_graph_takes_one(
     tables = {tuple(init.dims): init.data_type for init in onnx.load(str(out)).graph.initializer}
     width = model.cfg.seq_factors
     assert tables.get((data.n_users, width)) == onnx.TensorProto.FLOAT
-    assert (data.n_users, 20) not in tables
-    # Its logits are the model's on each user's latest 20 items, every user and item.
+    assert (data.n_users, WINDOW) not in tables
+    # Its logits are the model's on each user's latest WINDOW items, every user and item.
     users = np.repeat(np.arange(data.n_users), data.n_items).astype(np.int64)
     items = np.tile(np.arange(data.n_items), data.n_users).astype(np.int64)
     assert data.n_users > 2 * onnx_graph.STATE_USERS
-    window = data.context("next", np, 20).astype(np.int64)[users]
+    window = data.context("next", np, WINDOW).astype(np.int64)[users]
     served = ort.InferenceSession(str(out)).run(["logit"], {"user": users, "item": items})[0]
     with torch.no_grad():
         want = model(*(torch.from_numpy(a) for a in (users, items, window))).numpy()

@@ -15,7 +15,7 @@ from ncfcli import baseline_options
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
 from ncfcli.errors import NcfError
 from ncfcli.options import DEVICES, aliases, build, with_options
-from ncfcli.train.config import AMP_DTYPES, KINDS, LR_DECAYS, SCALINGS, TrainConfig
+from ncfcli.train.config import AMP_DTYPES, KINDS, LR_DECAYS, SCALINGS, TrainConfig, check_launch
 
 ALIASES["train"] = aliases(TrainConfig)
 
@@ -104,6 +104,7 @@ def train(
     procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
     if procs > 1 and cfg.model in baseline_options.KINDS:
         raise NcfError(f"--model {cfg.model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
+    check_launch(cfg, procs)  # before any rank starts: a refusal costs no start-up
     if should_launch(nproc, gpus, nnodes):
         code = launch_train(ctx.meta.get("ncf_train_argv") or sys.argv[1:], nproc=nproc, gpus=gpus,
                             nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
@@ -170,8 +171,9 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
           if result.recency_weight or result.recency_probe else []),
         ("order term", f"{result.order_factors} factors" if result.order_factors else "off"),
-        ("sequence term", f"latest {result.sequence_length} items" if result.sequence_length
-         else "off"),
+        ("sequence term", (f"latest {result.sequence_length} items" if result.sequence_length
+                           else "off") + (f" ({result.sequence_note})" if result.sequence_note
+                                          else "")),
         *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
            ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
           if result.validation else []),

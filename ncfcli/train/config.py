@@ -292,6 +292,21 @@ class TrainConfig:
                            "choose one", exit_code=2)  # fmt: skip
 
 
+# Why a sequence term is not trained under --shard users (train/start.py turns the default off
+# with this note; an explicit --sequence-length is refused, check_launch).
+SHARD_SEQUENCE = ("the sequence term reads every user's latest items on every rank, and --shard "
+                  "users gives each rank only its own users")  # fmt: skip
+
+
+def check_launch(cfg: TrainConfig, procs: int) -> None:
+    """What `ncf train` refuses before it starts `procs` processes: an explicit sequence term
+    with --shard users (one process is its own shard, so it trains there)."""
+    if procs > 1 and cfg.shard == "users" and cfg.sequence_length:
+        raise NcfError(f"--sequence-length {cfg.sequence_length} with --shard users: "
+                       f"{SHARD_SEQUENCE}; drop --sequence-length (the default turns the term "
+                       "off there), or use --shard none", exit_code=2)  # fmt: skip
+
+
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
     """'256 256 128 64' or '256,256,128,64' -> (256, 256, 128, 64)."""
     if text is None:

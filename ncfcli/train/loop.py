@@ -49,6 +49,7 @@ from ncfcli.train.run import (
     _save_curves,
     default_run_dir,
     open_run_dir,
+    removed_if_unfinished,
     save_epoch,
     save_interrupted,
 )
@@ -143,6 +144,7 @@ def _train(
     builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
     upcoming: Future[Any] | None = None
     with (
+        removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
         _Interrupt() as interrupt,
         progress if progress is not None else _NullProgress() as bar,
         builder,
@@ -349,7 +351,7 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=s.probed.to_dict() if s.probed is not None else None,
         order_factors=int(cfg.order_factors or 0), shard=s.shard,
-        sequence_length=int(cfg.sequence_length or 0),
+        sequence_length=int(cfg.sequence_length or 0), sequence_note=s.sequence_note,
         select_metric=str(cfg.select_metric),
     )  # fmt: skip
 

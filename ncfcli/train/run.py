@@ -9,9 +9,11 @@ state (seeds are functions of (seed, epoch, rank, step)).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +63,7 @@ class TrainResult:
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
     order_factors: int = 0  # the --order-factors the run trained with
     sequence_length: int = 0  # the --sequence-length the run trained with
+    sequence_note: str | None = None  # why that is not the one asked for (off, capped), if so
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
     select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
 
@@ -82,6 +85,8 @@ class TrainResult:
             "order_factors": self.order_factors,
             "sequence_length": self.sequence_length,
         }
+        if self.sequence_note:
+            out["sequence_note"] = self.sequence_note
         if self.shard is not None and self.world_size > 1:  # one process: nothing to lay out
             out["shard"] = self.shard
         if self.peak_gpu_bytes is not None:
@@ -101,7 +106,31 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
         raise NcfError(f"{run_dir} already holds a run: add --resume to continue it, or pick "
                        "another --out")  # fmt: skip
     hint = "add --resume to continue it, --overwrite to replace it, or pick another --out"
-    return check_out_dir(run_dir, "run", overwrite=cfg.overwrite, protect=[cfg.data_dir], hint=hint)
+    mine = read_marker(run_dir) if run_dir.is_dir() else None
+    unstarted = mine is not None and mine["kind"] == "run" and _unstarted(run_dir)
+    return check_out_dir(run_dir, "run", overwrite=cfg.overwrite or unstarted,
+                         protect=[cfg.data_dir], hint=hint)  # fmt: skip
+
+
+def _unstarted(run_dir: Path) -> bool:
+    """An earlier run at `run_dir` that saved no checkpoint (it failed or was killed in its
+    first epoch): nothing in it can be resumed or chosen, so a new run may replace it."""
+    return not ((run_dir / ckpt.CKPT_DIR / ckpt.LAST).is_file() or (run_dir / ckpt.BEST).is_file())
+
+
+@contextlib.contextmanager
+def removed_if_unfinished(s: Session) -> Iterator[None]:
+    """A run that fails before its first checkpoint leaves nothing behind: rank 0 removes
+    what it wrote (and the folder, if it made it). A later failure keeps the run, which
+    --resume continues from its last checkpoint."""
+    try:
+        yield
+    except BaseException:
+        if s.env.is_main and _unstarted(s.run_dir) and read_marker(s.run_dir) is not None:
+            remove_output(s.run_dir)
+            if s.made_run_dir and not any(s.run_dir.iterdir()):
+                s.run_dir.rmdir()
+        raise
 
 
 def option_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[Any]]:
@@ -141,6 +170,7 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
     if env.is_main:
         if s.replace_run:
             remove_output(run_dir)
+        s.made_run_dir = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         write_marker(run_dir, "run", RUN_ENTRIES)
         config = {"model": s.model_cfg.to_dict(), "train": tunables(cfg), "dataset": s.dataset_info,
@@ -149,10 +179,13 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
                   "resumes": s.resumes, "shard": s.shard}  # fmt: skip
         if s.probed is not None:
             config["recency_probe"] = s.probed.to_dict()
-        elif s.resumed:  # the probe ran when the run started: its record stays
-            kept = read_json_record(run_dir / ckpt.CONFIG).get("recency_probe")
-            if kept is not None:
-                config["recency_probe"] = kept
+        if s.sequence_note:
+            config["sequence_note"] = s.sequence_note
+        if s.resumed:  # the probe ran and the window was set when the run started: kept
+            kept = read_json_record(run_dir / ckpt.CONFIG)
+            for key in ("recency_probe", "sequence_note"):
+                if key not in config and kept.get(key) is not None:
+                    config[key] = kept[key]
         atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
     run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
     run_log.announce(progress, _shown(cfg, s.model_cfg, s.backend.is_cuda), env.world_size,

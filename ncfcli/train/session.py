@@ -56,6 +56,8 @@ class Session:
     best: dict[str, Any] | None = None
     sequences: SequenceBatches | None = None  # the sequence term's batches (data/sequences.py)
     calibration: tuple[torch.Tensor, torch.Tensor] | None = None  # its users and windows
+    sequence_note: str | None = None  # why its window is not the one asked for (start.py)
+    made_run_dir: bool = False  # this invocation created run_dir (run.open_run_dir)
 
     def amp_ctx(self) -> Any:
         return torch.autocast(

@@ -33,11 +33,19 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.sequences import SequenceBatches
+from ncfcli.data.xops import host_int
 from ncfcli.defaults import ORDER_FACTORS_ON
 from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
 from ncfcli.model import ModelConfig, build_model, count_parameters
-from ncfcli.train.config import PROBED, TIME_DEFAULTS, TrainConfig, resolve, tunables
+from ncfcli.train.config import (
+    PROBED,
+    SHARD_SEQUENCE,
+    TIME_DEFAULTS,
+    TrainConfig,
+    resolve,
+    tunables,
+)
 from ncfcli.train.device import set_precision, set_threads
 from ncfcli.train.evaluation import eval_sets, full_sets, selecting_split
 from ncfcli.train.optim import make_optimizer
@@ -62,7 +70,9 @@ def start(
     n_train = sum(shard["rank_rows"]) if layout.sharded else int(data.train_users.shape[0])
     replace_run = env.is_main and not cfg.resume and check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
+    asked = cfg.sequence_length
     cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
+    cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
     assert cfg.eval_batch is not None and cfg.keep_checkpoints is not None
@@ -103,6 +113,7 @@ def start(
                    dataset_info=describe_dataset(cfg, data), replace_run=replace_run, probed=probed,
                    resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
                    shard=shard, sequences=sequences, calibration=calibration,
+                   sequence_note=sequence_note,
                    **restored)  # fmt: skip
 
 
@@ -163,6 +174,36 @@ def resolve_options(
                 check_ages(cfg, data, "--" + name.replace("_", "-"))
             cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
     return cfg, probed
+
+
+# The notes on the summary's "sequence term" row and in config.json's "sequence_note".
+SHARD_OFF = "the default is off under --shard users: a rank holds only its own users"
+
+
+def sequence_window(
+    cfg: TrainConfig, data: PreparedData, backend: Backend, asked: int | None,
+    saved: dict[str, Any] | None, sharded: bool,
+) -> tuple[TrainConfig, str | None]:  # fmt: skip
+    """The sequence term's window as a new run trains it, and why it differs from the one
+    `asked` for (None: the default), if it does: the default turns itself off under --shard
+    users (an explicit window is refused there); a window longer than the longest training
+    history, which would hold only padding past it, is capped at that history (a resumed run
+    keeps its own)."""
+    length = int(cfg.sequence_length or 0)
+    if not length or saved is not None:
+        return cfg, None
+    if sharded:
+        if asked:  # `--shard auto` chose users: the launcher refuses `--shard users` itself
+            raise NcfError(f"--sequence-length {length}: {SHARD_SEQUENCE}, and --shard auto chose "
+                           "users (the data would not fit each rank whole); drop "
+                           "--sequence-length, or give --shard none", exit_code=2)  # fmt: skip
+        return replace(cfg, sequence_length=0), SHARD_OFF
+    check_ages(cfg, data, "--sequence-length")
+    ages = data.train_age
+    longest = host_int(ages.max(), backend.xp) + 1 if ages.shape[0] else 1
+    if length <= longest:
+        return cfg, None
+    return replace(cfg, sequence_length=longest), f"{length} capped at the longest history"
 
 
 def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency.Probe | None:
@@ -289,10 +330,9 @@ def _sequences(
     length = int(cfg.sequence_length or 0)
     if not length:
         return None, None
-    if layout.sharded:
-        raise NcfError("--sequence-length reads every user's latest items on every rank, and "
-                       "--shard users gives a rank its own users only: add --shard none, or "
-                       "--sequence-length 0", exit_code=2)  # fmt: skip
+    if layout.sharded:  # a resumed run's term (a new run's is refused or off: sequence_window)
+        raise NcfError(f"--shard users: {SHARD_SEQUENCE}, and this run was trained with the "
+                       "term; resume it with --shard none", exit_code=2)  # fmt: skip
     check_ages(cfg, data, "--sequence-length")
     batches = SequenceBatches(data, length, backend, env, seed=cfg.seed or 0)
     stride = max(1, -(-data.n_users // CALIBRATION_USERS))
