@@ -78,9 +78,10 @@ def _buckets(folder: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dataset_report(folder: Path) -> dict[str, Any]:
-    from ncfcli.data.dataset import read_meta
+    from ncfcli.data.dataset import check_dataset, read_meta
 
     meta = read_meta(folder)
+    check_dataset(folder)  # a corrupt file is one line naming it, not a report of bad counts
     n_users, n_items = int(meta["n_users"]), int(meta["n_items"])
     held = int(meta.get("n_test", n_users)) + int(meta.get("n_valid") or 0)
     positives = int(meta["n_train"]) + held

@@ -339,3 +339,138 @@ def _alive_in_group(pgid: int) -> list[str]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(stat.parent.name)
     return found
+
+
+# ---- a prepared dataset checks its own files -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every kind of file: training Parquet with ages, every held-out .npy, the id maps."""
+    out = tmp_path_factory.mktemp("trust") / "data"
+    res = ncf("synthetic", "--users", 40, "--items", 30, "--rows", 400, "--eval-negatives", 4,
+              "--buckets", 2, "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _data_files(folder: Path) -> list[str]:
+    return sorted(str(f.relative_to(folder)) for f in folder.rglob("*")
+                  if f.is_file() and f.suffix in (".parquet", ".npy"))  # fmt: skip
+
+
+def test_a_flipped_byte_in_any_file_is_one_line_naming_it(small_dataset: Path,
+                                                          tmp_path: Path) -> None:  # fmt: skip
+    """Each array and id-map file in turn, one byte flipped (in the middle: values, or a
+    Parquet page), refused by `ncf inspect` with one line that names the file; the dataset
+    as written passes (a meta.json that stops recording array_sha256 fails that)."""
+    import shutil
+
+    res = CliRunner().invoke(app, ["inspect", str(small_dataset)])
+    assert res.exit_code == 0, res.output
+    names = _data_files(small_dataset)
+    assert len(names) == 2 + 2 * 6  # the id maps; per bucket, train + 5 held-out arrays
+    for name in names:
+        copy = tmp_path / name.replace("/", "_")
+        shutil.copytree(small_dataset, copy)
+        f = copy / name
+        blob = bytearray(f.read_bytes())
+        blob[len(blob) // 2] ^= 0x01
+        f.write_bytes(bytes(blob))
+        res = CliRunner().invoke(app, ["inspect", str(copy)])
+        text = one_line_error(res)
+        assert f"{f} is corrupt" in text, (name, text)
+
+
+def test_training_on_a_flipped_byte_is_one_line(small_dataset: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(small_dataset, copy)
+    f = copy / "heldout" / "part-00001" / "test_negatives.npy"
+    blob = bytearray(f.read_bytes())
+    blob[-1] ^= 0x01  # the last negative of the last user: a value, not the header
+    f.write_bytes(bytes(blob))
+    res = CliRunner().invoke(app, ["train", str(copy), "--device", "cpu", "--epochs", "1",
+                                   "--out", str(tmp_path / "run")])  # fmt: skip
+    assert res.exit_code == 1 and f"{f} is corrupt" in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "run").exists()
+
+
+def test_array_sha256_is_checked_on_a_whole_load(small_dataset: Path, tmp_path: Path) -> None:
+    """Datasets written before files had their own sha256 are checked by array_sha256 alone;
+    each array changes it (a digest that skipped an array would not see that array change)."""
+    import json
+    import shutil
+
+    from ncfcli.data.dataset import array_digest, read_arrays
+
+    arrays = read_arrays(small_dataset)
+    whole = array_digest(arrays)
+    assert whole == read_meta(small_dataset)["array_sha256"]
+    for name, a in arrays.items():
+        changed = dict(arrays)
+        changed[name] = a.copy()
+        changed[name].reshape(-1)[-1] += 1
+        assert array_digest(changed) != whole, name
+    copy = tmp_path / "old"
+    shutil.copytree(small_dataset, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    for entry in meta["buckets"]:
+        del entry["sha256"]
+    meta["array_sha256"] = "0" * 64
+    (copy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(NcfError, match="records an array_sha256 its arrays do not have"):
+        load_prepared(copy, get_backend("cpu"))
+
+
+# ---- negatives, and the Dask engine under --min-interactions --------------------------------
+
+
+def test_validation_and_test_negatives_are_independent_draws(tmp_path: Path) -> None:
+    """Per user, the two sets of k negatives drawn from the same a candidates share k^2 / a
+    items on average when independent (hypergeometric); one stream's numbers reused, or the
+    other's shifted by a position, would share nearly all k."""
+    from ncfcli.data import negatives
+
+    assert negatives.stream_key(0, negatives.TEST_STREAM) != negatives.stream_key(
+        0, negatives.VALID_STREAM
+    )
+    out = tmp_path / "data"
+    k = 20
+    res = ncf("synthetic", "--users", 300, "--items", 200, "--rows", 3000, "--eval-negatives", k,
+              "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    data = load_prepared(out, get_backend("cpu"))
+    users = data.valid_users.astype(np.int64)
+    positives = np.bincount(data.train_users, minlength=data.meta["n_users"]) + 2  # test, valid
+    a = data.meta["n_items"] - positives[users]
+    overlap = np.array([len(np.intersect1d(t, v)) for t, v in
+                        zip(data.test_negatives[users], data.valid_negatives, strict=True)])  # fmt: skip
+    mean = k * k / a
+    var = mean * (1 - k / a) * (a - k) / (a - 1)
+    z = (overlap.sum() - mean.sum()) / np.sqrt(var.sum())
+    assert abs(z) < 5, (z, overlap.mean(), mean.mean())
+    assert (overlap == k).sum() <= 1  # a whole set repeated: practically never when independent
+
+
+@needs_dask
+def test_the_dask_engine_drops_the_items_only_dropped_users_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Users 7 and 8 have one item each, items 90 and 91, which nobody else has:
+    --min-interactions 2 drops both users and both items, on both engines alike."""
+    from tests.test_dask_engine import same_dataset
+
+    monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "40")  # a few lines a block: many blocks
+    train = ["user,item,timestamp"] + [f"{u},{10 + (u * 3 + j) % 9},{j + u}" for u in range(1, 7)
+                                       for j in range(4)]  # fmt: skip
+    train += ["7,90,3", "8,91,4"]
+    src = _write(tmp_path / "train.csv", train)
+    for engine, more in (("memory", ()), ("dask", ("--workers", 2, "--buckets", 3))):
+        res = ncf(src, "--out", tmp_path / engine, "--eval-negatives", 2, "--min-interactions", 2,
+                  "--engine", engine, *more)  # fmt: skip
+        assert res.exit_code == 0, res.output
+    meta = same_dataset(tmp_path / "memory", tmp_path / "dask")
+    assert meta["dropped_users"] == 2
+    assert 90 not in read_items(tmp_path / "dask") and 91 not in read_items(tmp_path / "dask")

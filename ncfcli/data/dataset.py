@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli.data.digest import ArrayDigest, array_digest, file_sha256, verify_files  # noqa: F401
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import MARKER, atomic_dir, write_marker
@@ -343,6 +344,7 @@ def read_bucket(path: str | os.PathLike, meta: dict[str, Any], index: int) -> di
     part = part_name(index)
     names = _names(meta)
     shapes = _bucket_shapes(meta, meta["buckets"][index])
+    verify_files(path, meta["buckets"][index])
     out: dict[str, np.ndarray] = {}
     f = path / TRAIN_DIR / f"{part}.parquet"
     columns = [c for name, c in TRAIN_COLUMNS.items() if name in names]
@@ -387,9 +389,15 @@ def load_prepared(path: str | os.PathLike, backend: Any,
     if chosen and not 0 <= chosen[0] <= chosen[-1] < len(entries):
         raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
     pieces: dict[str, list[np.ndarray]] = {name: [] for name in _names(meta)}
+    digest = ArrayDigest() if buckets is None else None
     for b in chosen:
-        for name, a in read_bucket(path, meta, b).items():
+        bucket = read_bucket(path, meta, b)
+        if digest is not None:
+            digest.add(bucket)
+        for name, a in bucket.items():
             pieces[name].append(a)
+    if digest is not None:
+        check_digest(path, meta, digest)
     arrays: dict[str, Any] = {}
     for name, parts in pieces.items():
         host = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -405,46 +413,31 @@ def load_prepared(path: str | os.PathLike, backend: Any,
     return PreparedData(path=path, meta=meta, **arrays)
 
 
+def check_dataset(path: str | os.PathLike) -> None:
+    """Every file of a dataset against the sha256 meta.json records, and its arrays against
+    array_sha256, one bucket at a time (`ncf inspect`; what load_prepared checks too)."""
+    path = Path(path)
+    meta = read_meta(path)
+    verify_files(path, {"sha256": meta.get("id_maps_sha256")})
+    digest = ArrayDigest()
+    for b in range(len(meta.get("buckets") or [])):
+        digest.add(read_bucket(path, meta, b))
+    check_digest(path, meta, digest)
+
+
+def check_digest(path: Path, meta: dict[str, Any], digest: ArrayDigest) -> None:
+    if digest.hexdigest() != meta.get("array_sha256"):
+        what = "records no array_sha256" if "array_sha256" not in meta else (
+            "records an array_sha256 its arrays do not have")  # fmt: skip
+        raise NcfError(f"{path}/{META} {what}: the dataset is corrupt; re-run `ncf prepare`")
+
+
 def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Every array of a prepared dataset on the host, the buckets concatenated in order."""
     from ncfcli.backend import get_backend
 
     data = load_prepared(path, get_backend("cpu"))
     return {name: getattr(data, name) for name in _names(data.meta)}
-
-
-class ArrayDigest:
-    """sha256 of each array, fed bucket by bucket in order (so the digest does not depend on
-    how the users were cut into buckets), combined with the arrays' names, dtypes and shapes."""
-
-    def __init__(self) -> None:
-        self.parts: dict[str, Any] = {}
-        self.dtypes: dict[str, str] = {}
-        self.lengths: dict[str, list[int]] = {}
-
-    def add(self, arrays: dict[str, np.ndarray]) -> None:
-        for name, a in arrays.items():
-            a = np.ascontiguousarray(a)
-            self.parts.setdefault(name, hashlib.sha256()).update(a.tobytes())
-            self.dtypes[name] = str(a.dtype)
-            rows = self.lengths.setdefault(name, [0, *a.shape[1:]])
-            rows[0] += a.shape[0]
-
-    def hexdigest(self) -> str:
-        h = hashlib.sha256()
-        for name in sorted(self.parts):
-            h.update(name.encode())
-            h.update(self.dtypes[name].encode())
-            h.update(str(tuple(self.lengths[name])).encode())
-            h.update(self.parts[name].digest())
-        return h.hexdigest()
-
-
-def array_digest(arrays: dict[str, np.ndarray]) -> str:
-    """The dataset digest (meta.json's array_sha256) of whole arrays, as if in one bucket."""
-    d = ArrayDigest()
-    d.add(arrays)
-    return d.hexdigest()
 
 
 def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
@@ -474,8 +467,12 @@ def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
     if digest is not None:
         digest.add(written)
     n_valid = int(len(arrays["valid_users"])) if "valid_users" in arrays else 0
+    files = [Path(TRAIN_DIR, f"{part}.parquet")] + [
+        Path(HELDOUT_DIR, part, f"{name}.npy") for name in HELDOUT if name in written
+    ]
     return {"users": [int(lo), int(hi)], "n_train": int(len(arrays["train_users"])),
-            "n_valid": n_valid}  # fmt: skip
+            "n_valid": n_valid,
+            "sha256": {str(f): file_sha256(folder / f) for f in files}}  # fmt: skip
 
 
 def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], user_ids: Any,
@@ -512,6 +509,7 @@ def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], use
     meta["fingerprint"] = fingerprint(meta)
     for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
         pq.write_table(pa.table({"raw_id": pa.array(ids)}), folder / fname)
+    meta["id_maps_sha256"] = {fname: file_sha256(folder / fname) for fname in ID_MAPS}
     (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     for sub in [folder / TRAIN_DIR, folder / HELDOUT_DIR,
                 *sorted((folder / HELDOUT_DIR).iterdir())]:  # fmt: skip
@@ -572,6 +570,7 @@ def load_id_maps(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     import pyarrow.parquet as pq
 
     path = Path(path)
+    verify_files(path, {"sha256": read_meta(path).get("id_maps_sha256")})
     out = []
     for fname in ID_MAPS:
         f = path / fname
