@@ -271,9 +271,8 @@ def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.dask-", dir=out.parent))
     try:
         plan = _source_and_blocks(config, backend, scratch, quiet)
-        check_memory(
-            config.memory_limit, plan[1], plan[2]["shape"], backend
-        )  # before any worker starts
+        # Before any worker starts: one below its limit would wait forever, paused.
+        check_memory(config.memory_limit, plan[1], plan[2]["shape"], backend)
         with client_for(config, backend, scratch, memory) as client:
             try:
                 return _run(config, backend, out, stage, plan, client)
