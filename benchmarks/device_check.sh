@@ -25,7 +25,8 @@
 #                run, CuPy's kernels cached: target <= 2 s on a GPU), peak GPU memory
 #   prepare-cpu  the same file on this machine's CPUs, for comparison
 #   prepare-dask the same file on the Dask engine (on a GPU: dask_cuda.LocalCUDACluster, one
-#                worker per GPU, cuDF partitions); fails unless the dataset's fingerprint is the
+#                worker per GPU: blocks parsed on the host, each bucket split with CuPy; no
+#                cuDF partitions, no RMM pool); fails unless the dataset's fingerprint is the
 #                memory engine's
 #   train-tf32, train-amp
 #                NVIDIA's model and batch (2^20), verified negatives: samples/s per epoch
@@ -173,7 +174,7 @@ if [ "$DEV" != cpu ] && step prepare-cpu "$PY" benchmarks/bench_prepare.py --siz
   grep -E "^wall" "$OUT_DIR/prepare-cpu.out" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
-# The Dask engine (LocalCUDACluster and cuDF partitions with --device cuda) on the same CSV: the
+# The Dask engine (LocalCUDACluster with --device cuda: CuPy splits, host parsing) on the same CSV: the
 # dataset must be the memory engine's (same fingerprint), or the step fails.
 CSV="$WORK/ratings-$SIZE-seed0.csv"
 if [ -f "$CSV" ] && [ -f "$DATA/meta.json" ]; then
