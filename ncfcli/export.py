@@ -31,7 +31,11 @@ calling the model.
 
 --out's folder is new, empty, or one ncf exported to (its .ncf-output.json lists all it holds):
 a folder with anything ncf did not write in it is refused in one line, so ncf never writes into
-a folder of the user's. Files ncf exported there before are replaced only with --overwrite.
+a folder of the user's. Files ncf exported there before are replaced only with --overwrite, but
+for one case where nothing can be lost: in the run's own folder (RUN_DIR/export/), an export of
+the same checkpoint whose files are unchanged since (the JSON beside the graph records the
+checkpoint's and each file's sha256) is replaced without it, so exporting again (adding
+--triton or --session, as docs/serving.md does after the README's quickstart) just works.
 
 `--triton DIR` also writes a Triton Inference Server model repository:
 DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (id maps and JSON in DIR/<name>/), with
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ncfcli.data.archive import sha256_file
 from ncfcli.errors import NcfError
 from ncfcli.onnx_graph import (
     INPUTS,
@@ -345,6 +350,8 @@ class _Files:
     graphs: list[tuple[str, bool]]  # (file name, session) of each graph
     names: tuple[str, ...]  # every file written beside the model, in the order moved in
     tritons: list[tuple[Path, str, bool]]  # (model directory, model name, session)
+    checkpoint_sha256: str  # of the checkpoint exported, recorded in the JSON
+    overwrite: bool  # --overwrite, or the files there are this checkpoint's unchanged export
 
     @property
     def folder(self) -> Path:
@@ -373,9 +380,11 @@ def _plan(run: Any, cfg: ExportConfig, ordered: bool) -> _Files:
     # Sidecars first, models last: a reader that finds an .onnx finds its id maps too.
     names = (*ID_MAPS, out.with_suffix(".json").name, *reversed([g for g, _ in graphs]))
     check_export_folder(out)
+    digest = sha256_file(run.checkpoint_path)
+    overwrite = cfg.overwrite or _same_export(run, out, names, digest)
     # Every file written beside the model is checked, not only the model: none may be the user's.
     for fname in names:
-        check_out_file(out.parent / fname, overwrite=cfg.overwrite)
+        check_out_file(out.parent / fname, overwrite=overwrite)
     tritons: list[tuple[Path, str, bool]] = []
     if cfg.triton is not None:
         tritons = [(Path(cfg.triton) / f"{cfg.name}{s}", f"{cfg.name}{s}", bool(s))
@@ -383,7 +392,33 @@ def _plan(run: Any, cfg: ExportConfig, ordered: bool) -> _Files:
         for tdir, _, _ in tritons:
             check_out_dir(tdir, "triton model", overwrite=cfg.overwrite, flag="--triton",
                           protect=[run.path])  # fmt: skip
-    return _Files(out, session_name, graphs, names, tritons)
+    return _Files(out, session_name, graphs, names, tritons, digest, overwrite)
+
+
+def _same_export(run: Any, out: Path, names: tuple[str, ...], digest: str) -> bool:
+    """Are the files of this export already at `out`'s folder ncf's export of this very
+    checkpoint (sha256 `digest`) in the run's own folder, each unchanged since (the sha256 its
+    JSON records)? Then replacing them loses nothing, and --overwrite is not needed."""
+    from ncfcli.fsutil import read_json_record
+
+    folder = out.parent
+    if not folder.is_dir() or folder.parent.resolve() != Path(run.path).resolve():
+        return False
+    meta = out.with_suffix(".json").name
+    desc = read_json_record(folder / meta)
+    written = desc.get("written")
+    if desc.get("checkpoint_sha256") != digest or not isinstance(written, dict):
+        return False
+    there = [n for n in names if n != meta and (folder / n).exists()]
+    return all(written.get(n) == sha256_file(folder / n) for n in there)
+
+
+def _write_meta(tmp: Path, files: _Files, desc: dict) -> None:
+    """The JSON beside the graph, with the checkpoint's sha256 and each file's written beside
+    it (`_same_export` reads them back)."""
+    desc["checkpoint_sha256"] = files.checkpoint_sha256
+    desc["written"] = {n: sha256_file(tmp / n) for n in files.names if n != files.meta_name}
+    (tmp / files.meta_name).write_text(json.dumps(desc, indent=2) + "\n")
 
 
 def _check_graphs(
@@ -458,14 +493,14 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
             desc["session"] = describe(run, meta, session_name, diffs[session_name], cfg.opset,
                                        session=True)  # fmt: skip
         _copy_id_maps(data_dir, tmp)
-        (tmp / files.meta_name).write_text(json.dumps(desc, indent=2) + "\n")
+        _write_meta(tmp, files, desc)
         for tdir, tname, session in files.tritons:
             graph = tmp / (session_name if session else out.name)
             widths = {ORDER_INPUT: length} if session and length else None
             write_model(tdir, tname, graph, graph_inputs(session), OUTPUT,
                         desc["session"] if session else desc, cfg.max_batch_size, widths)  # fmt: skip
         for fname in files.names:
-            check_out_file(folder / fname, overwrite=cfg.overwrite)  # may have appeared since
+            check_out_file(folder / fname, overwrite=files.overwrite)  # may have appeared since
         record_written(folder, files.names, "export")
         for fname in files.names:
             os.replace(tmp / fname, folder / fname)
