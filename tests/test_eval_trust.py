@@ -430,3 +430,21 @@ def test_the_serving_page_runs_right_after_the_readme_quickstart(
     res = runner.invoke(app, again)
     assert res.exit_code == 1 and "add --overwrite" in res.stderr
     assert (export / "model.onnx").read_bytes() == graph
+
+
+def test_recommend_prices_each_users_work_over_the_catalogue(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    """`ncf recommend` chunks users by the budget with EASE's dense row per user counted."""
+    from ncfcli.recommend import RecommendConfig, _Scorer
+
+    run = tmp_path / "ease"
+    res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--model", "ease",
+                              "--device", "cpu", "--quiet"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    loaded = load_run(run)
+    data = load_prepared(prepared_dir, CPU)
+    scorer = _Scorer(loaded, data, RecommendConfig(), CPU)
+    per_pair = metrics.pair_bytes(loaded.model, "cpu", data.n_items)
+    assert per_pair == metrics.SCORE_PAIR_BYTES + 4  # a float32 row of every item, per user
+    assert scorer.step == (metrics.BUDGET_CPU // per_pair) // data.n_items
