@@ -320,6 +320,15 @@ def test_a_window_longer_than_every_history_is_capped_before_training(
     assert config["sequence_note"] == "100000 capped at the longest history"
     row = [line for line in res.output.splitlines() if "sequence term" in line]
     assert len(row) == 1 and "latest 10 items (100000 capped at the longest history)" in row[0]
+    # The same command continues it: the window it was capped from is not a change.
+    res = CliRunner().invoke(app, ["train", str(eras), "--sequence-length", "100000", "--epochs",
+                                   "2", "--out", str(run), "--device", "cpu", "--resume", "-q"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["seq_length"] == 10 and config["resumes"][0]["changed"] == {
+        "epochs": [1, 2]
+    }
+    assert config["sequence_note"] == "100000 capped at the longest history"
 
 
 def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(

@@ -71,6 +71,8 @@ def start(
     replace_run = env.is_main and not cfg.resume and check_run_dir(run_dir, cfg)
     saved = resumed["train_config"] if resumed else None
     asked = cfg.sequence_length
+    if saved is not None and asked:  # the command that started a capped run, with --resume
+        cfg = replace(cfg, sequence_length=_as_capped(asked, saved, data, backend))
     cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
@@ -199,11 +201,31 @@ def sequence_window(
                            "--sequence-length, or give --shard none", exit_code=2)  # fmt: skip
         return replace(cfg, sequence_length=0), SHARD_OFF
     check_ages(cfg, data, "--sequence-length")
-    ages = data.train_age
-    longest = host_int(ages.max(), backend.xp) + 1 if ages.shape[0] else 1
+    longest = _longest_history(data, backend)
     if length <= longest:
         return cfg, None
     return replace(cfg, sequence_length=longest), f"{length} capped at the longest history"
+
+
+def _longest_history(data: PreparedData, backend: Backend) -> int:
+    """The most training items any user has (train_age counts back from each user's latest)."""
+    ages = data.train_age
+    return host_int(ages.max(), backend.xp) + 1 if ages is not None and ages.shape[0] else 1
+
+
+def _as_capped(asked: int, saved: dict[str, Any], data: PreparedData, backend: Backend) -> int:
+    """On --resume, the run's own window where `asked` is the one it was capped from (it
+    trained at the longest history, shorter than asked): resuming with the command that
+    started it is not a change of the architecture."""
+    had = int(saved.get("sequence_length") or 0)
+    if (
+        had
+        and asked > had
+        and data.train_age is not None
+        and had == _longest_history(data, backend)
+    ):
+        return had
+    return asked
 
 
 def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency.Probe | None:
