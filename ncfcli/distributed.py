@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -207,9 +208,48 @@ def _network_message(e: BaseException) -> str:
     return f"cannot reach the master at {addr}:{port}: {_first_line(e)}"
 
 
+# Tensors given to a collective, each with its use count from before, until the backend has
+# let go of it (shutdown waits for that): see `_hand_over`.
+_HANDED: list[tuple[torch.Tensor, int]] = []
+
+
+def _hand_over(t: torch.Tensor) -> None:
+    """Remember `t`, about to go to a collective, until the backend's own threads drop it.
+
+    A collective returns before the backend is done with its tensor: gloo's worker thread
+    (NCCL's watchdog) still holds the work, and dropping it drops a reference to the tensor's
+    Python object, under the GIL. A thread that asks for the GIL just before the interpreter
+    begins to exit and gets it after is ended by Python (pthread_exit) inside that C++
+    destructor: std::terminate, "terminate called without an active exception", SIGABRT (issue
+    32's flake; a gloo barrier keeps the works before it until it is dropped itself). The
+    group outlives destroy_process_group (DDP keeps it), so its threads live to the end:
+    `shutdown` waits until they have let go instead.
+    """
+    _HANDED[:] = [(h, base) for h, base in _HANDED if _holders(h) > base]
+    _HANDED.append((t, _holders(t)))
+
+
+def _holders(t: torch.Tensor) -> int:
+    """References to `t`'s C++ tensor: 1 from its Python object, one more per C++ holder (a
+    collective's work); Tensor._use_count, which torch's own CUDA-graph trees read."""
+    return int(t._use_count())  # type: ignore[attr-defined]
+
+
+def _drain(seconds: float) -> None:
+    """Wait, at most `seconds`, until the backend holds none of the tensors handed to it; the
+    sleeps let go of the GIL, which its threads need to drop them."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _HANDED[:] = [(h, base) for h, base in _HANDED if _holders(h) > base]
+        if not _HANDED or time.monotonic() > deadline:
+            return
+        time.sleep(0.001)
+
+
 def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     """Sum `t` over ranks in place and return it (gloo cannot reduce float64 on CUDA; both fine here)."""
     if env.enabled:
+        _hand_over(t)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
@@ -223,11 +263,26 @@ def gather_ints(values: list[int], env: DistEnv, device: str = "cpu") -> list[li
     return [[int(v) for v in row] for row in all_reduce_sum(table, env).cpu().tolist()]
 
 
+def all_gather(t: torch.Tensor, env: DistEnv) -> list[torch.Tensor]:
+    """Every rank's `t` (the same shape on each), indexed by rank."""
+    if not env.enabled:
+        return [t]
+    out = [torch.empty_like(t) for _ in range(env.world_size)]
+    for x in (t, *out):
+        _hand_over(x)
+    dist.all_gather(out, t)
+    return out
+
+
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()
 
 
 def shutdown(env: DistEnv) -> None:
+    """Leave the process group, once the backend's threads hold no tensor of ours (`_hand_over`):
+    they outlive the group, and one releasing a tensor while the interpreter exits aborts it.
+    The wait is bounded like a collective (NCF_DIST_TIMEOUT); it is milliseconds in practice."""
     if env.enabled and dist.is_initialized():
+        _drain(timeout_seconds())
         dist.destroy_process_group()

@@ -107,5 +107,56 @@ elif mode == "store":
     assert store.get("after") == b"rank 0 left"
     (out / "store1").write_text("ok")
     os._exit(0)
+elif mode == "late":
+    # Issue 32's SIGABRT at exit, made certain. A collective returns while gloo's worker thread
+    # still holds its tensor; the thread then releases the tensor's Python object, and must wait
+    # for the GIL to do it. Is the interpreter exiting by the time it gets the GIL, Python ends
+    # the thread (pthread_exit) inside that C++ destructor: std::terminate, SIGABRT. In the wild
+    # the thread is late by microseconds (1 resumed run in ~15 on 2 busy cores); here rank 1's
+    # collective is still in flight when its call returns, rank 0 joins it once rank 1 is past
+    # its teardown, and rank 1 keeps the GIL from then into its exit (a 100 s switch interval:
+    # no waiting thread asks for it), as a busy main thread does.
+    import torch
+    import torch.distributed as dist
+
+    from ncfcli import distributed
+
+    env = distributed.env_from_environ()
+    distributed.init(env, "cpu")
+    if rank == 1:
+
+        class SlowExit:
+            """Holds the group, as a DDP model does past destroy_process_group, and lets go of
+            the GIL once the interpreter is exiting (a collection's __del__ that sleeps)."""
+
+            def __init__(self) -> None:
+                self.group = dist.group.WORLD
+                self.sleep = time.sleep  # a builtin: modules are being torn down when it runs
+
+            def __del__(self) -> None:
+                self.sleep(0.5)
+
+        keep = SlowExit()
+        issue = dist.all_reduce
+
+        def unwaited(t: torch.Tensor, op: object = None, group: object = None,
+                     async_op: bool = False) -> object:  # fmt: skip
+            return issue(t, op=op, group=group, async_op=True)
+
+        dist.all_reduce = unwaited  # the helper's call returns with the work still in flight
+        distributed.all_reduce_sum(torch.ones(3), env)
+        distributed.shutdown(env)
+        sys.setswitchinterval(100)
+        (out / "teardown1").write_text("1")
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:  # holds the GIL: rank 0 joins, gloo's thread waits
+            pass
+    else:
+        # join once rank 1 is past its teardown; a rank 1 that waits in it, after 1 s
+        deadline = time.monotonic() + 1.0
+        while not (out / "teardown1").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        distributed.all_reduce_sum(torch.ones(3), env)
+        distributed.shutdown(env)
 else:
     raise SystemExit(f"unknown mode {mode}")

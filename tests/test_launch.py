@@ -219,6 +219,15 @@ def test_the_store_outlives_rank_0(tmp_path: Path) -> None:
     assert (tmp_path / "store1").read_text() == "ok"
 
 
+def test_a_collective_still_held_by_gloo_at_exit_does_not_abort(tmp_path: Path) -> None:
+    """The teardown waits until gloo's threads have let go of every tensor a collective was
+    given: one released while the interpreter exits kills the rank by SIGABRT (issue 32's
+    `test_resume_on_another_world_size[one-then1]` flake), forced here (launch_worker `late`)."""
+    res = drive("late", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+
+
 def test_a_master_port_in_use_is_one_line() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -80,8 +80,8 @@ def train(
     try:
         with _tf32_restored():
             result = _train(cfg, progress, env, backend, t_start, _Hooks(on_epoch, score_test))
-        # Every rank reaches the teardown together: a rank that destroys its group while rank 0
-        # still writes the run's files can die at exit in gloo's C++ side (SIGABRT, 1 run in 2).
+        # Every rank reaches the teardown together (the SIGABRT once seen at exit was gloo's
+        # threads dropping tensors as the interpreter exited: dist_env.shutdown waits for them).
         dist_env.barrier(env)
         return result
     except Exception as e:
@@ -372,11 +372,7 @@ def _checksum(model: torch.nn.Module) -> torch.Tensor:
 
 
 def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
-    import torch.distributed as dist
-
-    mine = _checksum(model)
-    gathered = [torch.empty_like(mine) for _ in range(env.world_size)]
-    dist.all_gather(gathered, mine)
+    gathered = dist_env.all_gather(_checksum(model), env)
     for r, other in enumerate(gathered):
         if not torch.equal(other, gathered[0]):
             raise NcfError(
