@@ -370,9 +370,9 @@ def host_store(plan: LaunchPlan) -> Any:
     None elsewhere or for one worker.
 
     Workers find it through AGENT_STORE_ENV (LaunchPlan.worker_env). Were rank 0 to host it,
-    as plain env:// does, rank 0 could exit while another rank still tears its process group
-    down against the store; under load that rank died at exit by SIGABRT in gloo's teardown
-    (about 1 resumed 2-worker run in 30 on 2 busy cores). The launcher outlives every worker."""
+    as plain env:// does, rank 0 could exit while another rank still used the store (Broken
+    pipe). The launcher outlives every worker. (The SIGABRT at exit this was first blamed for
+    was gloo's threads releasing tensors as a rank's interpreter exited: distributed.shutdown.)"""
     if plan.node_rank != 0 or plan.world_size < 2:
         return None
     from datetime import timedelta
