@@ -37,6 +37,7 @@ from ncfcli.errors import NcfError
 # Seconds a collective (and the rendezvous) may wait before the job fails instead of hanging.
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "NCF_DIST_TIMEOUT"
+BACKEND_ENV = "NCF_DIST_BACKEND"  # gloo or nccl instead of the device's default (backend_for)
 
 
 @dataclass(frozen=True)
@@ -159,6 +160,22 @@ def timeout_seconds() -> float:
     return seconds
 
 
+def backend_for(device: str) -> str:
+    """The collective backend: NCCL for GPU workers, gloo for CPU workers, or NCF_DIST_BACKEND's.
+
+    gloo also reduces CUDA tensors (through the host): it lets two ranks share one GPU, which
+    NCCL refuses, so a one-GPU machine can run a sharded job (benchmarks/device_check.sh does).
+    """
+    value = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return "nccl" if device.startswith("cuda") else "gloo"
+    if value not in ("gloo", "nccl"):
+        raise NcfError(f"{BACKEND_ENV} must be gloo or nccl, got {value!r}")
+    if value == "nccl" and not device.startswith("cuda"):
+        raise NcfError(f"{BACKEND_ENV}=nccl needs GPU workers; CPU workers use gloo")
+    return value
+
+
 def init(env: DistEnv, device: str) -> None:
     """Join the process group (NCCL on GPUs, gloo on CPUs) when the world has several ranks.
 
@@ -174,7 +191,7 @@ def init(env: DistEnv, device: str) -> None:
             addr, port = "127.0.0.1", 29500
         os.environ.setdefault("MASTER_ADDR", addr)
         os.environ.setdefault("MASTER_PORT", str(port))
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = backend_for(device)
     kwargs: dict[str, Any] = {"timeout": timedelta(seconds=timeout_seconds())}
     if backend == "nccl":
         if not dist.is_nccl_available():

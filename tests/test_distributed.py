@@ -125,3 +125,21 @@ def test_bad_timeout_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) ->
     monkeypatch.setenv("NCF_DIST_TIMEOUT", value)
     with pytest.raises(NcfError, match="NCF_DIST_TIMEOUT"):
         distributed.timeout_seconds()
+
+
+def test_the_collective_backend_follows_the_device_unless_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(distributed.BACKEND_ENV, raising=False)
+    assert (distributed.backend_for("cuda:1"), distributed.backend_for("cpu")) == ("nccl", "gloo")
+    # gloo lets two ranks share a GPU (NCCL refuses): the device check's sharded run on one GPU
+    monkeypatch.setenv(distributed.BACKEND_ENV, "gloo")
+    assert distributed.backend_for("cuda:0") == "gloo"
+    monkeypatch.setenv(distributed.BACKEND_ENV, "NCCL")
+    assert distributed.backend_for("cuda") == "nccl"
+    for value, message in (("mpi", "must be gloo or nccl, got 'mpi'"),
+                           ("nccl", "NCF_DIST_BACKEND=nccl needs GPU workers")):  # fmt: skip
+        monkeypatch.setenv(distributed.BACKEND_ENV, value)
+        with pytest.raises(NcfError, match=message) as e:
+            distributed.backend_for("cpu")
+        assert "\n" not in str(e.value)
