@@ -89,9 +89,15 @@ def _interrupt_after_first_trial(cmd: list[str], env: dict[str, str]) -> tuple[i
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     assert first.wait(240), "no trial ended: " + "".join(lines)
+    time.sleep(0.3)  # most often inside the next trial's epochs, else between trials: both stop
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    code = proc.wait(60)
+    try:
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:  # it did not stop: the test fails, and leaves nothing running
+            proc.kill()
+            proc.wait()
     took = time.monotonic() - sent
     reader.join(10)
     return code, took, "".join(lines)
@@ -103,7 +109,7 @@ def test_ctrl_c_stops_the_search_at_once_and_prints_the_command_that_continues(
     slower: Path, tmp_path: Path, jobs: int
 ) -> None:
     out = tmp_path / "t"
-    args = ["tune", str(slower), "--out", str(out), "--trials", "8", "--models", "mf",
+    args = ["tune", str(slower), "--out", str(out), "--trials", "6", "--models", "mf",
             "--max-epochs", "3", *(["--jobs", str(jobs)] if jobs > 1 else []), "--device", "cpu"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     code, took, err = _interrupt_after_first_trial([sys.executable, "-m", "ncfcli", *args], env)
@@ -127,13 +133,14 @@ def test_ctrl_c_stops_the_search_at_once_and_prints_the_command_that_continues(
     assert res.returncode == 0, res.stderr
     after = _study(out).get_trials()
     n = sum(t.state.name in ("COMPLETE", "PRUNED") for t in after)
-    assert 8 <= n < 8 + jobs, n  # each worker ends the trial it is running at the 8th
+    assert 6 <= n < 6 + jobs, n  # each worker ends the trial it is running at the 6th
     rerun = {t.user_attrs.get("rerun_of") for t in after}
     assert {t.number for t in cut} <= rerun
     assert (out / "best" / "best.pt").is_file()
 
 
-@pytest.mark.parametrize("how", ["KeyboardInterrupt", "the NCF loop's own Ctrl-C"])
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "the NCF loop's own Ctrl-C",
+                                 "a Ctrl-C while the epoch was scored"])  # fmt: skip
 def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
@@ -149,6 +156,12 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
         Path(cfg.out).mkdir(parents=True)
         if how == "KeyboardInterrupt":
             raise KeyboardInterrupt
+        if how.startswith("a Ctrl-C while"):  # the loop's handler holds it; on_epoch comes next
+            with loop._Interrupt() as held:
+                held.requested = True
+                if kwargs["on_epoch"](1, {"validation": {"hr@10": 0.5, "ndcg@10": 0.3}}):
+                    raise AssertionError("the trial went on past a Ctrl-C")
+            return None
         raise NcfError(f"interrupted in epoch 1 at step 3/9; continue with: ncf train --out "
                        f"{cfg.out} --resume", exit_code=130)  # fmt: skip
 
@@ -278,6 +291,32 @@ def test_a_trials_error_is_one_line_and_the_search_goes_on(
     assert failed and all(t.user_attrs["error"] == "the fit broke" for t in failed)
     for t in failed:
         assert f"trial {t.number} itemknn: failed: the fit broke; " in res.output
+
+
+def test_trials_that_all_fail_end_the_search_in_one_line(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--trials counts trials that ended: with every trial failing it would never be reached."""
+    from ncfcli import baselines
+    from ncfcli.tune.search import FAILS_IN_A_ROW
+
+    calls: list[int] = []
+
+    def broken(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 4 * FAILS_IN_A_ROW:  # a search that would never end: Ctrl-C it
+            raise KeyboardInterrupt
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(baselines, "fit", broken)
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "pop", *CPU)
+    assert res.exit_code == 1, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert (
+        last == f"error: {FAILS_IN_A_ROW} trials in a row failed, the last (trial 4, pop): no room"
+    )
+    assert len(_study(out).get_trials()) == FAILS_IN_A_ROW
 
 
 def test_a_kind_without_settings_runs_once_per_study(data: Path, tmp_path: Path,

@@ -318,6 +318,12 @@ class Objective:
 
         def on_epoch(epoch: int, scores: dict[str, dict[str, float]]) -> bool:
             """Report the epoch's validation figure; False stops the trial."""
+            # A Ctrl-C the NCF loop's handler (a bound method) holds: it came while the epoch
+            # was scored, and the loop looks at it only in the next epoch's steps
+            held = signal.getsignal(signal.SIGINT)
+            if getattr(getattr(held, "__self__", held), "requested", False) or self.stop.requested:
+                self.stop.requested = True
+                return False
             trial.report(scores["validation"][metric], epoch)
             if trial.should_prune():
                 state["pruned"] = True
@@ -325,7 +331,7 @@ class Objective:
             if self.deadline is not None and clock() > self.deadline:
                 state["budget"] = True  # keep what validation chose so far
                 return False
-            return not self.stop.requested
+            return True
 
         self.stop.armed = True
         try:
