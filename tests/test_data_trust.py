@@ -297,10 +297,12 @@ def test_auto_compares_with_host_memory_where_parsing_is_on_the_host(
 
 @needs_dask
 @pytest.mark.slow
-def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
-    """Finding 6: a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while a
-    worker writes a bucket: exit 130 with one line, the cluster's processes gone, --out absent
-    and no temporary folder beside it."""
+@pytest.mark.parametrize("when", ["starting", "writing"])
+def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: Path,
+                                                                     when: str) -> None:  # fmt: skip
+    """Finding 6: a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while
+    the cluster's workers start, or while a worker writes a bucket: exit 130 with one line, the
+    cluster's processes gone, --out absent and no temporary folder beside it."""
     out = tmp_path / "out"
     env = {**os.environ, "NCF_DASK_TEST_STALL_BUCKET": "1"}
     cmd = [sys.executable, "-m", "ncfcli", "prepare", "synthetic", "--users", "200", "--items",
@@ -310,12 +312,13 @@ def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: P
                             start_new_session=True, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".out.tmp-*")):  # the dataset is being written
+        while not (list(tmp_path.glob(".out.tmp-*")) if when == "writing"  # the dataset's folder
+                   else len(_alive_in_group(proc.pid, "forkserver")) > 1):  # a worker forked  # fmt: skip
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
-            time.sleep(0.2)
-        time.sleep(1.0)
+            time.sleep(0.05)
+        time.sleep(1.0 if when == "writing" else 0.0)
         os.killpg(proc.pid, signal.SIGINT)
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=45)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -328,15 +331,17 @@ def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: P
         time.sleep(0.5)
 
 
-def _alive_in_group(pgid: int) -> list[str]:
-    """Processes of the group that are not zombies (an orphan waits for init to reap it)."""
+def _alive_in_group(pgid: int, named: str = "") -> list[str]:
+    """Processes of the group that are not zombies (an orphan waits for init to reap it), and
+    whose command line holds `named`."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[2]) == pgid and fields[0] != "Z" and named in command:
             found.append(stat.parent.name)
     return found
 

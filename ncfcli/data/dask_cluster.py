@@ -13,8 +13,8 @@ Checked before a worker starts, each one line:
 - `--workers` above the GPUs a GPU cluster can use (dask-cuda refuses while building it).
 - dask-cuda missing, with --device cuda.
 
-Ctrl-C: the worker processes are started with SIGINT ignored (a terminal sends it to the
-whole process group), so only this process sees it; it closes the cluster on the way out.
+Ctrl-C: the worker processes ignore SIGINT (a terminal sends it to the whole process group),
+so only this process sees it; it closes the cluster on the way out.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ GPU_WORKER_BYTES = 512 << 20
 # columns, keys, the ids' dictionary); a generated or Parquet block about 64 bytes a row.
 TEXT_PEAK_PER_BYTE = 4
 PEAK_PER_ROW = 64
+WORKER_START_S = 120  # a local worker starts in about 2 s on 2 busy cores
 
 
 def parse_memory(limit: str | None) -> int | None:
@@ -103,11 +104,12 @@ def visible_gpus() -> int:
 
 
 @contextlib.contextmanager
-def _no_sigint() -> Iterator[None]:
-    """SIGINT ignored while worker processes start, so that they inherit it ignored (it stays
-    ignored across exec, and Python keeps an ignored SIGINT): a Ctrl-C in a terminal goes to the
-    whole process group, and workers that died of it made the nannies restart them with
-    tracebacks while this process closed the cluster. Only the main thread sets handlers."""
+def _sigint_ignored() -> Iterator[None]:
+    """SIGINT ignored in this process meanwhile, so that processes started meanwhile inherit it
+    ignored (an ignored signal stays ignored across exec, and Python keeps it so). A terminal's
+    Ctrl-C goes to the whole process group: workers that died of it made the nannies restart
+    them with tracebacks while this process closed the cluster. Only the main thread sets
+    handlers; elsewhere (an API caller's thread) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -116,6 +118,24 @@ def _no_sigint() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def _forkserver_without_sigint(stack: contextlib.ExitStack) -> None:
+    """CPU workers are forked by multiprocessing's fork server, itself started with SIGINT
+    ignored for the few milliseconds its start takes: it resets each worker it forks to the
+    SIGINT handling it started with, so every worker, restarts included, ignores Ctrl-C,
+    while this process handles it from the start (ignored during the whole cluster start, a
+    Ctrl-C then would be lost and the run would go on)."""
+    from multiprocessing import forkserver
+
+    import dask
+    from distributed.utils import get_mp_context
+
+    stack.enter_context(dask.config.set({"distributed.worker.multiprocessing-method":
+                                         "forkserver"}))  # fmt: skip
+    get_mp_context()  # the fork server's preloaded modules (distributed, numpy, pandas)
+    with _sigint_ignored():
+        forkserver.ensure_running()
 
 
 def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http: str) -> Any:
@@ -158,17 +178,29 @@ def client_for(config: PrepareConfig, backend: Backend, scratch: Path,
     # distributed's default is 8787, the user's own Dask dashboard's, where it warns "Port 8787
     # is already in use" in the middle of the command's output. ":0" takes any free port.
     http = ":0"
-    with _no_sigint():
+    with contextlib.ExitStack() as stack:
         if backend.is_cuda:
-            cluster = _cuda_cluster(config, memory, scratch, http)
+            # GPU-only line (docs/gpu.md): dask-cuda's workers are spawned meanwhile, so a Ctrl-C
+            # while they start is lost; one after that stops the run.
+            with _sigint_ignored():
+                cluster = stack.enter_context(_cuda_cluster(config, memory, scratch, http))
         else:
-            workers = config.workers or os.cpu_count() or 1
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   memory_limit=memory or "auto", local_directory=str(scratch),
-                                   dashboard_address=http, scheduler_kwargs={"dashboard": False},
-                                   silence_logs=logging.ERROR)  # fmt: skip
-    with cluster, Client(cluster) as client:
+            _forkserver_without_sigint(stack)
+            # No worker yet: the cluster is closed on the way out from here on, a Ctrl-C while
+            # its workers start included (raised inside its constructor, it was closed by
+            # distributed's exit hook instead, with a traceback).
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=0, threads_per_worker=1, processes=True,
+                memory_limit=memory or "auto", local_directory=str(scratch),
+                dashboard_address=http, scheduler_kwargs={"dashboard": False},
+                silence_logs=logging.ERROR,
+                # A forked worker has the fork server's environment, from when it started:
+                # this process's, now, is set in each worker as a spawned one inherits it.
+                env=dict(os.environ)))  # fmt: skip
+        client = stack.enter_context(Client(cluster))
         try:
+            if not backend.is_cuda:
+                _start_workers(cluster, client, config.workers or os.cpu_count() or 1)
             yield client
         except KeyboardInterrupt:
             # Before the cluster closes: the client's pending gathers end with AllExit, which
@@ -177,6 +209,15 @@ def client_for(config: PrepareConfig, backend: Backend, scratch: Path,
             for name in ("asyncio", "distributed", "tornado"):
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
             raise
+
+
+def _start_workers(cluster: Any, client: Any, workers: int) -> None:
+    cluster.scale(workers)
+    try:
+        client.wait_for_workers(workers, timeout=WORKER_START_S)
+    except TimeoutError:
+        raise NcfError(f"the {workers} Dask workers did not start within {WORKER_START_S} s; "
+                       "see `ncf info`, or use --engine memory") from None  # fmt: skip
 
 
 def worker_stats(client: Any) -> dict[str, Any]:
