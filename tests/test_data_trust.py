@@ -486,3 +486,29 @@ def test_the_dask_engine_drops_the_items_only_dropped_users_had(
     meta = same_dataset(tmp_path / "memory", tmp_path / "dask")
     assert meta["dropped_users"] == 2
     assert 90 not in read_items(tmp_path / "dask") and 91 not in read_items(tmp_path / "dask")
+
+
+def test_spilled_bytes_are_not_measured_where_the_worker_store_does_not_count_them() -> None:
+    """G6: dask-cuda's worker store (DeviceHostFile) has no cumulative_metrics: its spilled
+    bytes read 0, "nothing spilled", though it may have spilled; now None, not measured."""
+    from ncfcli.data.dask_cluster import worker_stats
+
+    counting = types.SimpleNamespace(cumulative_metrics={("disk-write", "bytes"): 3e6})
+    device_host_file = types.SimpleNamespace()  # no cumulative_metrics
+
+    class Client:
+        def __init__(self, stores: list[Any]) -> None:
+            self.stores = stores
+
+        def run(self, fn: Any) -> dict[str, Any]:
+            return {f"w{i}": fn(dask_worker=types.SimpleNamespace(data=d))
+                    for i, d in enumerate(self.stores)}  # fmt: skip
+
+        def scheduler_info(self) -> dict[str, Any]:
+            return {
+                "workers": {f"w{i}": {"memory_limit": 1 << 30} for i in range(len(self.stores))}
+            }
+
+    assert worker_stats(Client([counting, counting]))["spilled_bytes"] == 6_000_000
+    gpu = worker_stats(Client([device_host_file, counting]))
+    assert gpu["spilled_bytes"] is None and gpu["workers"] == 2
