@@ -181,6 +181,29 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
     assert again.user_attrs.get("default") and again.state.name in ("COMPLETE", "PRUNED")
 
 
+def test_ctrl_c_while_the_chosen_run_is_tested_prints_the_command_too(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli.tune import report
+
+    real = report.finish
+
+    def cut(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "t"
+    monkeypatch.setattr(report, "finish", cut)
+    res = ncf("tune", data, "--out", out, "--trials", 1, "--models", "pop", *CPU)
+    assert res.exit_code == 130
+    assert res.output.strip().splitlines()[-1] == (
+        f"error: interrupted: 1 trials kept in {out}; continue with: ncf tune {data} --out {out} "
+        "--trials 1 --models pop --device cpu")  # fmt: skip
+    monkeypatch.setattr(report, "finish", real)
+    res = ncf("tune", data, "--out", out, "--trials", 1, "--models", "pop", *CPU)
+    assert res.exit_code == 0 and (out / "best" / "best.pt").is_file(), res.output
+    assert len(_study(out).get_trials()) == 1
+
+
 # ---- the budget over invocations, with a fake clock -----------------------------------------
 
 

@@ -141,9 +141,13 @@ def tune(cfg: TuneConfig, quiet: bool = False) -> dict[str, Any]:
         stopped = True
     study = search.open_study(tune_dir, cfg)
     me.record(study)
-    if stopped:
+    try:
+        if stopped:
+            raise KeyboardInterrupt
+        out = report.finish(study, tune_dir, {**asdict(cfg), "models": list(cfg.models)}, device)
+    except KeyboardInterrupt:  # the search's, or one while the chosen run is tested
+        me.record(study)
         raise NcfError(f"interrupted: {search.ended(study)} trials kept in {tune_dir}; continue "
-                       f"with: {resume_command(cfg, tune_dir)}", exit_code=search.INTERRUPTED)  # fmt: skip
-    out = report.finish(study, tune_dir, {**asdict(cfg), "models": list(cfg.models)}, device)
+                       f"with: {resume_command(cfg, tune_dir)}", exit_code=search.INTERRUPTED) from None  # fmt: skip
     me.record(study)  # the report's time too, for the next invocation's budget
     return {**out, "tune_dir": str(tune_dir), "resumed": resumed}
