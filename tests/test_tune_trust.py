@@ -420,6 +420,34 @@ def test_a_pruned_trial_says_so_with_its_epoch() -> None:
     assert line == "trial 0 mf: pruned at epoch 2; no finished trial yet"
 
 
+def test_a_worker_whose_parent_is_gone_stops_after_its_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A --jobs worker is its own process group: a parent killed outright leaves it running."""
+    from ncfcli.tune import search
+    from ncfcli.tune.config import TuneConfig
+
+    class Study:
+        stopped = 0
+
+        def get_trials(self, **kwargs: Any) -> list:
+            return []
+
+        def stop(self) -> None:
+            self.stopped += 1
+
+    dist = {"model": optuna.distributions.CategoricalDistribution(["pop"])}
+    trial = optuna.trial.create_trial(params={"model": "pop"}, distributions=dist, value=0.5)
+    progress = search.Progress(TuneConfig(data_dir=".", trials=9), None, search.Stop(), True)
+    study = Study()
+    monkeypatch.setattr(search, "parent", os.getppid())
+    progress(study, trial)
+    assert study.stopped == 0
+    monkeypatch.setattr(search, "parent", -1)  # the parent it started under is not its parent
+    progress(study, trial)
+    assert study.stopped == 1
+
+
 # ---- properties: ties, stale trials, GPU lists, warnings -------------------------------------
 
 

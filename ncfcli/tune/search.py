@@ -59,6 +59,7 @@ INTERRUPTED = 130  # a worker's exit code after Ctrl-C (the shell's for SIGINT)
 BASELINES = ("pop", "itemknn", "ease", "als")
 
 clock = time.time  # every reading of the time in the search (tests put a fake clock here)
+parent: int | None = None  # a --jobs worker's parent process: the worker stops once it is gone
 
 
 def _optuna() -> Any:
@@ -407,7 +408,8 @@ class Progress:
             raise NcfError(f"{self.fails} trials in a row failed, the last (trial {trial.number}, "
                            f"{kind}): {error}")  # fmt: skip
         late = self.deadline is not None and clock() >= self.deadline
-        if self.stop.requested or late or self.skipped >= set(self.cfg.models):
+        orphan = parent is not None and os.getppid() != parent  # its `ncf tune` was killed
+        if self.stop.requested or late or orphan or self.skipped >= set(self.cfg.models):
             study.stop()
 
     def _line(self, study: Any, trial: Any, kind: str, error: str | None) -> str:
@@ -502,7 +504,10 @@ def run_workers(cfg: TuneConfig, tune_dir: Path, gpus: int, me: Invocation,
 def _worker_main(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float | None,
                  gpus: int, quiet: bool) -> None:  # fmt: skip
     """A --jobs worker process: its own process group, so Ctrl-C in a terminal reaches the
-    parent alone, which passes it on once (a second SIGINT would cut the worker's clean-up)."""
+    parent alone, which passes it on once (a second SIGINT would cut the worker's clean-up);
+    a parent killed outright (SIGKILL, a closed terminal) stops it after its trial."""
+    global parent
+    parent = os.getppid()
     os.setpgid(0, 0)
     if work(cfg_dict, tune_dir, worker, deadline, gpus, quiet):
         sys.exit(INTERRUPTED)
