@@ -566,11 +566,14 @@ def write_prepared(
 
 
 def load_id_maps(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """(user raw ids, item raw ids) as host arrays indexed by dense id."""
+    """(user raw ids, item raw ids) as host arrays indexed by dense id, from a prepared dataset
+    (checked against the sha256s its meta.json records) or an export folder (ncf export copies
+    the maps beside the graph, with no meta.json)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
-    verify_files(path, {"sha256": read_meta(path).get("id_maps_sha256")})
+    if (path / META).is_file() or not all((path / f).is_file() for f in ID_MAPS):
+        verify_files(path, {"sha256": read_meta(path).get("id_maps_sha256")})
     out = []
     for fname in ID_MAPS:
         f = path / fname
