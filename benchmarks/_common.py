@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-SHARED_ML100K = REPO.parent / "shared" / "data" / "ml-100k"
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_ML100K = SHARED_DATA / "ml-100k"
 MISSED = 1  # exit status of a benchmark that misses its own target
 NO_DATA = 2  # exit status when the data is not found
 
@@ -82,6 +83,17 @@ def find_ml100k(given: str | None) -> Path:
         file=sys.stderr,
     )
     raise SystemExit(NO_DATA)
+
+
+def find_shared(name: str, filename: str, given: str | None) -> Path:
+    """A dataset file: --NAME PATH when given, else ../shared/data/NAME/FILENAME beside the
+    checkout; when neither is there, one error line naming both and exit status 2."""
+    path = Path(given).expanduser() if given else SHARED_DATA / name / filename
+    if not path.exists():
+        print(f"error: {name} not found at {path}: give --{name} PATH ({filename}) or put it at "
+              f"{SHARED_DATA / name / filename}", file=sys.stderr)  # fmt: skip
+        raise SystemExit(NO_DATA)
+    return path
 
 
 def spread(values: Sequence[float], fmt: str = "{:.2f}", unit: str = "") -> str:

@@ -1,0 +1,346 @@
+"""The default `ncf train`'s time to quality, beside tuned ALS: `python benchmarks/bench_time_to_quality.py`.
+
+For each dataset (MovieLens-100K; Amazon Beauty from ../shared/data/beauty/beauty.csv, or
+--beauty PATH; `synthetic`, a tiny generated set for the smoke test), `ncf prepare` holds out
+each user's latest item (test) and second-latest (validation), each with 100 sampled
+negatives. Then, per seed (--seeds, default 0 1 2), each a fresh process as a user runs it:
+
+- ncf: `ncf train DATA --seed S` with no other flag (the default under test; --ncf-args adds
+  some), timed as the whole process (start-up, data loading, training, validation); the
+  validation-chosen epoch (best.pt) scored on test by `ncf eval`, sampled and --full-ranking;
+- ALS: tuned once on validation as bench_accuracy.py tunes it (its grid, widened off its
+  edges; --als F,REG,ALPHA,IT skips the search), then the chosen point fitted with each seed,
+  its whole `ncf train --model als` process timed, and scored on test the same two ways.
+
+It prints a table of median (min-max) over the seeds, with the core count and the load average
+at the start and the end, and the targets of issue 34 for ml-100k and Beauty (the whole `ncf
+train` <= 15 s / 90 s, test HR@10 >= 0.74 / 0.52, full-ranking HR@10 >= 0.20 / 0.077); a
+missed target exits 1.
+
+    python benchmarks/bench_time_to_quality.py --datasets ml-100k --seeds 0 1 2
+    python benchmarks/bench_time_to_quality.py --datasets beauty --als 256,300,40,30
+
+`--profile N` instead trains the default for N epochs per dataset in-process, with timers
+around the loop's steps (ncfcli/train/loop.py), and prints where the time went: start-up,
+batch building and negatives, the kind's forward and backward, the sequence term's, Adam,
+validation and checkpoints (docs/train.md#where-the-defaults-time-goes):
+
+    python benchmarks/bench_time_to_quality.py --profile 2 --datasets ml-100k beauty
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from _common import MISSED, REPO, find_ml100k, find_shared, machine, ncf_env, ncf_json
+from bench_accuracy import ALS_GRID, fit_als, held_out_metrics, tune_als
+
+SYNTHETIC = ["synthetic", "--users", "200", "--items", "250", "--interactions", "4000"]
+COLUMNS = ("dataset", "model", "wall s", "HR@10", "NDCG@10", "full HR@10", "full NDCG@10")
+FIGURES = ("sampled hr@10", "sampled ndcg@10", "full hr@10", "full ndcg@10")
+# issue 34's targets: the whole `ncf train` at most (s), test HR@10 and full HR@10 at least
+TARGETS = {"ml-100k": (15.0, 0.74, 0.20), "beauty": (90.0, 0.52, 0.077)}
+
+
+def prepare(name: str, work: Path, a: argparse.Namespace) -> Path:
+    """The prepared dataset (validation and test split), made once per --work directory."""
+    out = work / f"{name}-ttq"
+    if not (out / "meta.json").exists():
+        if name == "synthetic":
+            source = SYNTHETIC
+        elif name == "beauty":
+            source = [str(find_shared("beauty", "beauty.csv", a.beauty))]
+        else:
+            source = [str(find_ml100k(a.data))]
+        ncf_json("prepare", *source, "--out", str(out))
+    return out
+
+
+def cell(values: list[float], fmt: str) -> str:
+    """'0.7381 (0.7317-0.7413)': median (min-max)."""
+    med = statistics.median(values)
+    return f"{fmt.format(med)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def table(rows: list[tuple[str, str, list[dict[str, float]]]]) -> list[str]:
+    """The printed table: a header of COLUMNS, then a row per (dataset, model, seeds' figures)."""
+    body = [list(COLUMNS)]
+    for name, model, runs in rows:
+        body.append([name, model, cell([r["wall"] for r in runs], "{:.1f}"),
+                     *(cell([r[k] for r in runs], "{:.4f}") for k in FIGURES)])  # fmt: skip
+    widths = [max(len(r[c]) for r in body) for c in range(len(COLUMNS))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in body]
+
+
+def run_ncf(data: Path, work: Path, seed: int, ncf_args: list[str]) -> dict[str, float]:
+    run = work / f"ncf-{data.name}-{seed}-{time.time_ns()}"
+    t0 = time.perf_counter()
+    res = ncf_json("train", str(data), "--seed", str(seed), "--out", str(run), *ncf_args)
+    wall = time.perf_counter() - t0
+    got = {"wall": wall, **held_out_metrics(run)}
+    print(f"  ncf seed {seed}: {wall:.1f} s, epoch {res['best_epoch']}/{res['epochs']} chosen on "
+          "validation; test " + " ".join(f"{k} {got[k]:.4f}" for k in FIGURES), flush=True)  # fmt: skip
+    return got
+
+
+def run_als(
+    data: Path, work: Path, seed: int, point: tuple[int, float, float, int]
+) -> dict[str, float]:
+    t0 = time.perf_counter()
+    run = fit_als(data, work, point, ("--seed", str(seed)))
+    wall = time.perf_counter() - t0
+    got = {"wall": wall, **held_out_metrics(run)}
+    print(f"  als seed {seed}: {wall:.1f} s; test "
+          + " ".join(f"{k} {got[k]:.4f}" for k in FIGURES), flush=True)  # fmt: skip
+    return got
+
+
+def judge(name: str, runs: list[dict[str, float]]) -> bool:
+    """Print issue 34's target for the dataset against the medians; False where one is missed."""
+    if name not in TARGETS:
+        return True
+    wall, hr, full = TARGETS[name]
+    med = {k: statistics.median(r[k] for r in runs) for k in ("wall", *FIGURES)}
+    ok = med["wall"] <= wall and med["sampled hr@10"] >= hr and med["full hr@10"] >= full
+    print(f"target {name}: whole ncf train <= {wall:g} s, test HR@10 >= {hr:g}, full HR@10 >= "
+          f"{full:g}: {'met' if ok else 'MISSED'} (medians {med['wall']:.1f} s, "
+          f"{med['sampled hr@10']:.4f}, {med['full hr@10']:.4f})")  # fmt: skip
+    return ok
+
+
+def benchmark(a: argparse.Namespace) -> None:
+    print(f"{machine()}, seeds {a.seeds}, ncf args {a.ncf_args!r}", flush=True)
+    rows: list[tuple[str, str, list[dict[str, float]]]] = []
+    missed = False
+    with tempfile.TemporaryDirectory(prefix="ncf-ttq-") as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name in a.datasets:
+            data = prepare(name, work, a)
+            print(f"== {name}", flush=True)
+            ncf_runs = [run_ncf(data, work, s, shlex.split(a.ncf_args)) for s in a.seeds]
+            rows.append((name, "ncf default", ncf_runs))
+            missed |= not judge(name, ncf_runs)
+            if a.no_als:
+                continue
+            given = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
+            grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
+            point, _ = tune_als(data, work, grid)
+            print(f"  als {point} chosen on validation", flush=True)
+            label = "als " + ",".join(f"{v:g}" for v in point)
+            rows.append((name, label, [run_als(data, work, s, point) for s in a.seeds]))
+    print(
+        f"test figures, median (min-max) over {len(a.seeds)} seed(s); wall: the whole "
+        "`ncf train` process"
+    )
+    print("\n".join(table(rows)))
+    print(f"at the end: {machine()}")
+    if missed:
+        sys.exit(MISSED)
+
+
+# ---- --profile: where the default's time goes ----------------------------------------------------
+
+# (row, timer, indented under the row above): timers summed into rows, in the loop's order.
+PROFILE_ROWS = (
+    ("interpreter, imports (torch, ncfcli), exit", "imports", False),
+    ("data loading", "load", False),
+    ("start: options, recency probe, model", "start", False),
+    ("  of which the recency probe", "probe", True),
+    ("  of which the sequence windows", "windows", True),
+    ("first epoch's samples (critical path)", "samples main", False),
+    ("  of which its negatives", "negatives main", True),
+    ("sequence term: its batches", "seq batches", False),
+    ("kind: forward (loss, L2)", "kind forward", False),
+    ("kind: backward", "kind backward", False),
+    ("sequence term: forward (loss)", "seq forward", False),
+    ("sequence term: backward", "seq backward", False),
+    ("optimizer (Adam)", "adam", False),
+    ("rest of the steps (lr, dropout seed, loss reads)", "steps rest", False),
+    ("calibrate (the term's scale)", "calibrate", False),
+    ("validation (sampled; full ranking under a full-* metric)", "eval validation", False),
+    ("test (when validation improves)", "eval test", False),
+    ("checkpoints (last.pt; best.pt when it improved)", "save", False),
+    ("curves.png (once, at the end)", "curves", False),
+    ("rest of the process", "process rest", False),
+)
+OVERLAPPED = ("next epochs' samples (second thread, overlaps the steps)", "samples thread")
+
+
+class _Timers:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[key] = self.seconds.get(key, 0.0) + time.perf_counter() - t0
+
+    def wrap(self, owner: Any, name: str, key: str | Callable[..., str]) -> None:
+        """Time every call of owner.name (a module's function or a class's method) under key
+        (or key(*args), for a key that depends on the call)."""
+        inner = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self(key if isinstance(key, str) else key(*args, **kwargs)):
+                return inner(*args, **kwargs)
+
+        setattr(owner, name, timed)
+
+
+def profile_one(data: str, epochs: int, out: str, ncf_args: list[str]) -> dict[str, float]:
+    """Run `ncf train DATA --epochs N` in this process with timers around the loop's steps."""
+    t_process = time.perf_counter()
+    timers = _Timers()
+    with timers("imports"):
+        import threading
+
+        from ncfcli import recency
+        from ncfcli.cli import main
+        from ncfcli.data.batches import NegativeSampler
+        from ncfcli.data.sequences import SequenceBatches
+        from ncfcli.model.neumf import NCF
+        from ncfcli.train import evaluation, loop, optim
+        from ncfcli.train import start as start_module
+
+    def thread(prefix: str) -> Callable[..., str]:
+        return lambda *a, **k: (
+            f"{prefix} {'main' if threading.current_thread() is threading.main_thread() else 'thread'}"
+        )
+
+    timers.wrap(loop, "load_shard", "load")
+    timers.wrap(loop, "start", "start")
+    timers.wrap(recency, "probe", "probe")
+    timers.wrap(start_module, "_sequences", "windows")
+    timers.wrap(loop, "_build_epoch", thread("samples"))
+    timers.wrap(NegativeSampler, "_draw_items", thread("negatives"))
+    timers.wrap(loop, "_steps", "steps")
+    timers.wrap(SequenceBatches, "step", "seq batches")
+    timers.wrap(optim._CpuAdam, "step", "adam")
+    timers.wrap(NCF, "calibrate", "calibrate")
+    timers.wrap(evaluation, "score_split", lambda *a, **k: f"eval {a[2]}")
+    timers.wrap(loop, "save_epoch", "save")
+    timers.wrap(loop, "_save_curves", "curves")
+
+    def step_gradients(ddp: Any, model: Any, users: Any, items: Any, labels: Any, weights: Any,
+                       prev: Any, cfg: Any, amp_ctx: Any, scaler: Any, seqs: Any = None) -> Any:  # fmt: skip
+        """The one-slice step of optim._step_gradients, each half timed: the kind's loss and the
+        term's read disjoint parameters, so two backward passes give the one pass's gradients."""
+        n = labels.shape[0]
+        assert not cfg.micro_batch or cfg.micro_batch >= n, "--profile times unsliced steps"
+        with timers("kind forward"), amp_ctx():
+            loss = optim._slice_loss(ddp, model, users, items, labels, weights, prev,
+                                     float(cfg.l2 or 0.0), n)  # fmt: skip
+        with timers("kind backward"):
+            scaler.scale(loss).backward()
+        if seqs is not None:
+            with timers("seq forward"), amp_ctx():
+                extra = model.sequence_loss(*seqs)
+            with timers("seq backward"):
+                scaler.scale(extra).backward()
+        return loss.detach()
+
+    loop._step_gradients = step_gradients  # type: ignore[assignment]
+    # On the CPU: the timers read the host clock, which a GPU's queued kernels would not stop.
+    sys.argv = ["ncf", "train", data, "--epochs", str(epochs), "--out", out, "--device", "cpu",
+                "-q", *ncf_args]  # fmt: skip
+    try:
+        main()
+    except SystemExit as e:
+        if e.code:
+            raise
+    s = timers.seconds
+    s["process"] = time.perf_counter() - t_process
+    inside = ("seq batches", "kind forward", "kind backward", "seq forward", "seq backward", "adam")
+    s["steps rest"] = s.get("steps", 0.0) - sum(s.get(k, 0.0) for k in inside)
+    top = [key for _, key, nested in PROFILE_ROWS if not nested and key != "process rest"]
+    s["process rest"] = s["process"] - sum(s.get(k, 0.0) for k in top)
+    s["epochs"] = epochs
+    return s
+
+
+def profile_table(name: str, s: dict[str, float]) -> list[str]:
+    """Rows of step, seconds, seconds an epoch (training and evaluation rows), share of the
+    process; the second thread's samples are shown but not summed (they overlap the steps)."""
+    epochs = int(s["epochs"])
+    per_epoch = {"samples thread", "negatives thread", "seq batches", "kind forward",
+                 "kind backward", "seq forward", "seq backward", "adam", "steps rest",
+                 "calibrate", "eval validation", "eval test", "save"}  # fmt: skip
+    lines = [f"{name}: {epochs} epoch(s), the whole process {s['process']:.2f} s",
+             f"{'step':58s} {'seconds':>8s} {'s/epoch':>8s} {'share':>6s}"]  # fmt: skip
+    for label, key, _ in (*PROFILE_ROWS, (*OVERLAPPED, False)):
+        sec = s.get(key, 0.0)
+        each = f"{sec / epochs:8.3f}" if key in per_epoch else f"{'':8s}"
+        share = f"{100 * sec / s['process']:5.1f}%" if key != "samples thread" else "  (--)"
+        lines.append(f"{label:58s} {sec:8.3f} {each} {share}")
+    if "negatives thread" in s:
+        lines.append(f"{'  of which their negatives':58s} {s['negatives thread']:8.3f}")
+    return lines
+
+
+def profile(a: argparse.Namespace) -> None:
+    print(f"{machine()}, {a.profile} epoch(s) of the default `ncf train`, ncf args {a.ncf_args!r}",
+          flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="ncf-ttq-prof-") as tmp:
+        work = Path(a.work or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for name in a.datasets:
+            data = prepare(name, work, a)
+            out = work / f"profile-{name}-{time.time_ns()}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-one", str(data),
+                   "--profile", str(a.profile), "--work", str(out), "--ncf-args", a.ncf_args]  # fmt: skip
+            t0 = time.perf_counter()
+            res = subprocess.run(cmd, capture_output=True, text=True, env=ncf_env(), check=False)
+            wall = time.perf_counter() - t0
+            if res.returncode != 0:
+                last = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
+                sys.exit(f"error: the profile of {name} failed: {last}")
+            s = json.loads(res.stdout.strip().splitlines()[-1])
+            # what the child's own clock missed (the interpreter, its first imports, its exit)
+            s["imports"] += wall - s["process"]
+            s["process"] = wall
+            print("\n".join(profile_table(name, s)), flush=True)
+    print(f"at the end: {machine()}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--datasets", nargs="+", default=["ml-100k", "beauty"],
+                   choices=["ml-100k", "beauty", "synthetic"])  # fmt: skip
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--ncf-args", default="", help="extra `ncf train` flags (default: none)")
+    p.add_argument("--als", help="skip ALS's search: factors,reg,alpha,iterations")
+    p.add_argument("--no-als", action="store_true", help="the default only")
+    p.add_argument("--profile", type=int, metavar="EPOCHS",
+                   help="instead: where EPOCHS epochs of the default's time go")  # fmt: skip
+    p.add_argument("--profile-one", help=argparse.SUPPRESS)  # --profile's child process
+    p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
+    p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
+    p.add_argument("--beauty", help="Amazon Beauty's beauty.csv (user,item,timestamp)")
+    a = p.parse_args()
+    if a.profile_one:
+        got = profile_one(a.profile_one, a.profile, a.work, shlex.split(a.ncf_args))
+        print(json.dumps(got))
+    elif a.profile:
+        profile(a)
+    else:
+        benchmark(a)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    main()

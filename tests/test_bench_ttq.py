@@ -1,0 +1,90 @@
+"""benchmarks/bench_time_to_quality.py on tiny synthetic data: `pytest tests/test_bench_ttq.py`.
+
+The benchmark's table (the default `ncf train` beside ALS, median (min-max) over seeds) carries
+the figures `ncf eval` gives the runs it trained; its --profile accounts for the whole process,
+the steps of the loop included, as the rows docs/train.md's table is made of.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks" / "bench_time_to_quality.py"
+CELL = re.compile(r"^(\d+\.\d+) \((\d+\.\d+)-(\d+\.\d+)\)$")
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(BENCH), "--datasets", "synthetic", *args],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_table_carries_each_models_test_figures(tmp_path: Path) -> None:
+    """One seed: a row for the default and one for ALS at the given point, each cell a median
+    (min-max) that is one run's figure, the default's being `ncf eval`'s of the run it trained
+    (best.pt, sampled and full ranking), in the header's order."""
+    res = _bench("--seeds", "0", "--als", "16,3,1,5", "--ncf-args", "--epochs 2",
+                 "--work", str(tmp_path))  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    head = lines.index(next(ln for ln in lines if ln.startswith("dataset")))
+    assert re.split(r"\s{2,}", lines[head]) == ["dataset", "model", "wall s", "HR@10", "NDCG@10",
+                                                "full HR@10", "full NDCG@10"]  # fmt: skip
+    rows = [re.split(r"\s{2,}", ln) for ln in lines[head + 1 : head + 3]]
+    assert [r[:2] for r in rows] == [["synthetic", "ncf default"], ["synthetic", "als 16,3,1,5"]]
+    for row in rows:
+        assert len(row) == 7
+        for value in row[2:]:
+            med, lo, hi = CELL.match(value).groups()  # type: ignore[union-attr]
+            assert med == lo == hi  # one seed
+        assert float(row[2].split()[0]) > 0
+        assert all(0.0 <= float(v.split()[0]) <= 1.0 for v in row[3:])
+    assert "load average" in lines[0] and lines[-1].startswith("at the end: ")
+    assert f"{os.cpu_count()} CPUs, load average" in lines[-1]
+    (run,) = tmp_path.glob("ncf-synthetic-ttq-0-*")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for full, cells in ((False, rows[0][3:5]), (True, rows[0][5:7])):
+        cmd = [sys.executable, "-m", "ncfcli", "eval", str(run), "--split", "test", "--k", "10",
+               "--json", *(["--full-ranking"] if full else [])]  # fmt: skip
+        got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env,
+                                        timeout=120).stdout)["metrics"]  # fmt: skip
+        assert [float(c.split()[0]) for c in cells] == pytest.approx(
+            [got["hr@10"], got["ndcg@10"]], abs=5e-5
+        )
+
+
+def test_the_profile_accounts_for_the_whole_process(tmp_path: Path) -> None:
+    """--profile 1 with the sequence term: every step's row is printed, the loop's own steps (the
+    kind's and the term's) took time, and the rows that do not overlap (all but the second
+    thread's samples) add up to the whole process."""
+    res = _bench("--profile", "1", "--work", str(tmp_path), "--ncf-args", "--sequence-length 5")
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("synthetic: 1 epoch(s)"))
+    whole = float(re.search(r"the whole process (\d+\.\d+) s", lines[start]).group(1))  # type: ignore[union-attr]
+    rows = {}
+    for ln in lines[start + 2 :]:
+        m = re.match(r"^(.+?)\s{2,}(\d+\.\d+)(?:\s+\d+\.\d+)?(?:\s+(\d+\.\d+)%| +\(--\))?$", ln)
+        if m:
+            rows[m.group(1)] = (float(m.group(2)), m.group(3))
+    for step in ("kind: forward (loss, L2)", "kind: backward", "optimizer (Adam)",
+                 "sequence term: its batches", "sequence term: forward (loss)",
+                 "sequence term: backward", "calibrate (the term's scale)",
+                 "first epoch's samples (critical path)", "validation (sampled; full ranking under a full-* metric)",
+                 "data loading", "interpreter, imports (torch, ncfcli), exit"):  # fmt: skip
+        assert rows[step][0] > 0, step
+    assert "curves.png (once, at the end)" in rows
+    top = [(sec, share) for label, (sec, share) in rows.items()
+           if not label.startswith("  ") and share is not None]  # fmt: skip
+    assert sum(sec for sec, _ in top) == pytest.approx(whole, abs=0.02)
+    assert sum(float(share) for _, share in top) == pytest.approx(100.0, abs=0.5)
+    assert rows["rest of the process"][0] < 0.5 * whole
