@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole pipeline on a GPU machine in about 9 minutes, printing every GPU figure the README
+# The whole pipeline on a GPU machine in about 8 minutes, printing every GPU figure the README
 # promises:
 #
 #   bash benchmarks/device_check.sh [OUT_DIR]      # OUT_DIR default: $OUT, else /tmp/ncf-device
@@ -9,14 +9,17 @@
 # Needs python3 (or $PYTHON) with torch (CUDA) and CuPy; cuDF and RMM are used when present. It
 # runs the checkout's code (PYTHONPATH), so nothing has to be installed and no `ncf` script is
 # needed. Every step has its own time limit (LIMIT below) inside a total budget
-# (NCF_CHECK_BUDGET_S, 540 s); on the GPU the planned steps' limits add up to no more than the
+# (NCF_CHECK_BUDGET_S, 480 s); on the GPU the planned steps' limits add up to no more than the
 # budget, so no step is starved by the ones before it (tests/test_device_check.py checks the
 # sum). The limits are reasoned from the CPU run's step times and the GPU figures the README
 # targets, not measured on a GPU; a step that needs longer says so in one FAILED line with its
 # limit. A failing step does not stop the others. Each step ends with one line, `OK: NAME`, `FAILED
 # (CODE): NAME: why` or `SKIPPED: NAME: why`; its output is in OUT_DIR/NAME.log and the figures
-# and step lines are collected in OUT_DIR/summary.txt. The exit status is 0 only when every
-# step is OK.
+# and step lines are collected in OUT_DIR/summary.txt. A step that ran but did not do what it
+# was for (the sequence term off, one worker where two were asked) is `FAILED (check)`. The
+# exit status is 0 only when every planned step is OK; a step this machine cannot run at all
+# (`gpus-2` with one GPU, `prepare-dask` on a GPU without dask-cuda) says SKIPPED with the
+# reason, is not part of the plan, and is counted apart in the last line.
 #   machine      nvidia-smi, ncf info
 #   tests        the GPU tests (byte equality CPU/GPU, zero-copy, train/eval/export on CUDA) and
 #                the CPU checks of the GPU rules (tests/test_cupy_api.py, tests/test_backend.py)
@@ -27,7 +30,7 @@
 #   prepare-dask the same file on the Dask engine (on a GPU: dask_cuda.LocalCUDACluster, one
 #                worker per GPU: blocks parsed on the host, each bucket split with CuPy; no
 #                cuDF partitions, no RMM pool); fails unless the dataset's fingerprint is the
-#                memory engine's
+#                memory engine's; on a GPU without dask-cuda, SKIPPED
 #   train-tf32, train-amp
 #                NVIDIA's model and batch (2^20), verified negatives: samples/s per epoch
 #                (target >= 102M, a 99M-sample epoch in < 1 s; NVIDIA 1x A100: 22.6M TF32,
@@ -39,12 +42,25 @@
 #   refit        `ncf train --refit` of that run: train + validation on the device, test HR@10
 #   order        one epoch with the order term (--order-factors 64; the first tier's default, off
 #                at ml-20m's size): the previous items on the device, samples/s, test HR@10
+#   sequence     one epoch with the sequence term forced on (--sequence-length 20: the synthetic
+#                data has no time signal, so the default leaves it off) under --amp on a GPU:
+#                samples/s, test HR@10; fails unless the run's sequence_length is 20
+#   gpus-2       `--gpus 2`: two NCCL workers, one epoch; fails unless the run had 2 ranks;
+#                SKIPPED (not run) on a machine with fewer than 2 GPUs, never one worker instead
+#   small        a small synthetic dataset (2,000 users, 8 buckets) prepared on the device, for
+#                the two steps below (tune's trials at ml-20m's size would not fit the budget)
+#   shard-users  `--shard users` on 2 ranks: `--gpus 2` (NCCL), on one GPU 2 torchrun ranks
+#                sharing it over gloo (NCF_DIST_BACKEND=gloo: NCCL refuses a GPU twice), on a
+#                CPU `--nproc 2`; each rank's rows and users; fails unless the layout is users
+#   tune-jobs    `ncf tune --jobs 2` (2 worker processes, with --device cuda each on its GPU of
+#                CUDA_VISIBLE_DEVICES, modulo the count), MF, 2 trials of at most 1 epoch
 #   large-batch  the lr rule at 8x NVIDIA's batch: 2^23 (in micro-batches of 2^20) against 2^20,
 #                6 epochs each, validation-chosen test HR@10 (issue 10: within 0.01); CPU: 2^17
 #                against the ml-100k column's 2^14, one epoch, the figures not judged
 #   scaling      weak scaling over every GPU count the machine has (CPU: 1 and 2 workers)
-# In cpu mode (NCF_CHECK_DEVICE=cpu) the CUDA-only tests, prepare-cpu (it would repeat prepare)
-# and train-amp are not part of the plan, training runs one epoch at the default batch, and
+# In cpu mode (NCF_CHECK_DEVICE=cpu) the CUDA-only tests, prepare-cpu (it would repeat prepare),
+# train-amp and gpus-2 are not part of the plan (gpus-2 says SKIPPED), the sequence step runs
+# without --amp, training runs one epoch at the default batch, and
 # large-batch and scaling train at 4 negatives per positive (about 7x fewer samples than ml-100k's
 # default: they check the code path, their figures are not judged), so the run takes about two
 # minutes on 2 cores (tests/test_device_check.py runs it in CI). Its limits
@@ -55,20 +71,22 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEV=${NCF_CHECK_DEVICE:-cuda}
 SIZE=${NCF_CHECK_SIZE:-ml-20m}
-BUDGET=${NCF_CHECK_BUDGET_S:-540}
+BUDGET=${NCF_CHECK_BUDGET_S:-480}
 STEPS=(machine tests prepare prepare-cpu prepare-dask train-tf32 train-amp eval-full eval-sampled
-  export recommend refit order large-batch scaling)
-# Seconds per step on the GPU plan: they add up to 540, the default budget.
+  export recommend refit order sequence gpus-2 small shard-users tune-jobs large-batch scaling)
+# Seconds per step on the GPU plan: they add up to 480, the default budget (a lent GPU machine
+# has 15 minutes, its start-up included).
 declare -A LIMIT=(
-  [machine]=10 [tests]=110 [prepare]=60 [prepare-cpu]=35 [prepare-dask]=35 [train-tf32]=35
-  [train-amp]=30 [eval-full]=20 [eval-sampled]=15 [export]=25 [recommend]=10 [refit]=25
-  [order]=25 [large-batch]=65 [scaling]=40
+  [machine]=10 [tests]=80 [prepare]=45 [prepare-cpu]=20 [prepare-dask]=25 [train-tf32]=30
+  [train-amp]=25 [eval-full]=15 [eval-sampled]=10 [export]=20 [recommend]=10 [refit]=20
+  [order]=20 [sequence]=20 [gpus-2]=20 [small]=10 [shard-users]=15 [tune-jobs]=25
+  [large-batch]=40 [scaling]=20
 )
 SCALE=1
 [ "$DEV" = cpu ] && SCALE=4
 PLAN=("${STEPS[@]}")
 [ "$DEV" = cpu ] && PLAN=(machine tests prepare prepare-dask train-tf32 eval-full eval-sampled export
-  recommend refit order large-batch scaling)
+  recommend refit order sequence small shard-users tune-jobs large-batch scaling)
 PLAN_S=0
 for name in "${PLAN[@]}"; do PLAN_S=$((PLAN_S + LIMIT[$name] * SCALE)); done
 if [ "${1:-}" = --plan ]; then
@@ -88,7 +106,7 @@ DATA="$WORK/$SIZE"
 # What an earlier run of this script wrote in OUT_DIR is removed (and nothing else), so each
 # run starts clean: the step logs, runs that hold ncf's config.json, the export folder.
 for name in "${STEPS[@]}"; do rm -f "$OUT_DIR/$name.out" "$OUT_DIR/$name.log"; done
-for run in run-tf32 run-amp run-refit run-order; do
+for run in run-tf32 run-amp run-refit run-order run-sequence run-gpus-2 run-shard tune-jobs; do
   [ -f "$OUT_DIR/$run/config.json" ] && rm -rf "${OUT_DIR:?}/$run"
 done
 [ -f "$OUT_DIR/export/ncf.onnx" ] && rm -rf "${OUT_DIR:?}/export"
@@ -96,6 +114,7 @@ done
 NCF=("$PY" -m ncfcli) # a command, not a shell function, so `timeout` can run it
 PLANNED=0
 PASSED=0
+ABSENT=0
 
 note() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
 
@@ -138,6 +157,28 @@ skip() { # skip NAME WHY: a planned step that cannot run
   note "SKIPPED: $1: $2"
 }
 
+absent() { # absent NAME WHY: a step this machine cannot run at all (not planned, not a failure)
+  ABSENT=$((ABSENT + 1))
+  note ""
+  note "== $1"
+  note "SKIPPED: $1: $2"
+}
+
+# expect NAME PYTHON_EXPR WHAT: after an OK step, FAILED (check) unless the expression holds on
+# the last JSON line of OUT_DIR/NAME.out (as d): the step ran but did not do what it was for.
+expect() {
+  if "$PY" - "$OUT_DIR/$1.out" "$2" <<'PYEOF'; then
+import json, sys
+lines = [l for l in open(sys.argv[1]).read().splitlines() if l.startswith("{")]
+sys.exit(0 if lines and eval(sys.argv[2], {"d": json.loads(lines[-1])}) else 1)
+PYEOF
+    return 0
+  fi
+  PASSED=$((PASSED - 1))
+  note "FAILED (check): $1: $3"
+  return 1
+}
+
 # figure NAME PYTHON_EXPR: one summary line from the last JSON line of OUT_DIR/NAME.out (as d)
 figure() {
   "$PY" - "$OUT_DIR/$1.out" "$2" <<'PYEOF' | tee -a "$SUMMARY"
@@ -177,7 +218,9 @@ fi
 # The Dask engine (LocalCUDACluster with --device cuda: CuPy splits, host parsing) on the same CSV: the
 # dataset must be the memory engine's (same fingerprint), or the step fails.
 CSV="$WORK/ratings-$SIZE-seed0.csv"
-if [ -f "$CSV" ] && [ -f "$DATA/meta.json" ]; then
+if [ "$DEV" = cuda ] && ! "$PY" -c "import dask_cuda" >/dev/null 2>&1; then
+  absent prepare-dask "dask-cuda is not installed, so no Dask worker runs on a GPU (pip install 'ncfcli[dask-gpu]')"
+elif [ -f "$CSV" ] && [ -f "$DATA/meta.json" ]; then
   if step prepare-dask bash -c '"$0" -m ncfcli prepare "$1" --engine dask --device "$2" --out "$3" \
       --overwrite --json -q && "$0" -c "import json, sys
 a, b = (json.load(open(p + \"/meta.json\")) for p in sys.argv[1:])
@@ -242,6 +285,63 @@ else
     figure order "f'order term {d[\"order_factors\"]}: {d[\"samples_per_second\"]/1e6:.2f}M samples/s, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
 fi
 
+# GPUs torch sees here (CUDA_VISIBLE_DEVICES applied); 0 in cpu mode
+GPUS=0
+[ "$DEV" = cuda ] && GPUS=$(timeout 60 "$PY" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+epoch=(--epochs 1 --seed 0 --json -q)
+[ "$DEV" = cuda ] && epoch+=(--batch-size 1048576)
+
+if [ ! -f "$DATA/meta.json" ]; then
+  skip sequence "no prepared data at $DATA (the prepare step failed)"
+else
+  seq=(--sequence-length 20)
+  [ "$DEV" = cuda ] && seq+=(--amp)
+  step sequence "${NCF[@]}" train "$DATA" "${seq[@]}" "${epoch[@]}" --out "$OUT_DIR/run-sequence" \
+    --device "$DEV" &&
+    expect sequence "d['sequence_length'] == 20" "the run's sequence_length is not 20: the term did not train" &&
+    figure sequence "f'sequence term {d[\"sequence_length\"]} ($([ "$DEV" = cuda ] && echo AMP || echo fp32)): {d[\"samples_per_second\"]/1e6:.2f}M samples/s, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
+fi
+
+if [ "$GPUS" -lt 2 ]; then
+  absent gpus-2 "needs 2 GPUs, found $GPUS$([ "$DEV" = cpu ] && echo " (device cpu)")"
+elif [ ! -f "$DATA/meta.json" ]; then
+  skip gpus-2 "no prepared data at $DATA (the prepare step failed)"
+else
+  step gpus-2 "${NCF[@]}" train "$DATA" --gpus 2 "${epoch[@]}" --out "$OUT_DIR/run-gpus-2" &&
+    expect gpus-2 "len(d.get('shard', {}).get('rank_rows', [])) == 2" "the run did not have 2 ranks" &&
+    figure gpus-2 "f'2 NCCL workers: {d[\"samples_per_second\"]/1e6:.2f}M samples/s, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, rows per rank {d[\"shard\"][\"rank_rows\"]}, {d[\"seconds\"]:.1f} s'"
+fi
+
+SMALL="$WORK/small"
+step small "${NCF[@]}" prepare synthetic --users 2000 --items 1000 --interactions 60000 \
+  --buckets 8 --seed 0 --out "$SMALL" --device "$DEV" --overwrite --json -q
+if [ ! -f "$SMALL/meta.json" ]; then
+  skip shard-users "no small dataset at $SMALL (the small step failed)"
+  skip tune-jobs "no small dataset at $SMALL (the small step failed)"
+else
+  shard=(train "$SMALL" --shard users --epochs 1 --seed 0 --json -q --out "$OUT_DIR/run-shard")
+  how="2 gloo CPU workers"
+  if [ "$GPUS" -ge 2 ]; then
+    cmd=("${NCF[@]}" "${shard[@]}" --gpus 2)
+    how="2 NCCL workers"
+  elif [ "$DEV" = cuda ]; then # NCCL refuses two ranks on one GPU; gloo reduces through the host
+    cmd=(env NCF_DIST_BACKEND=gloo "$PY" -m torch.distributed.run --standalone --nproc-per-node 2
+      -m ncfcli "${shard[@]}" --device cuda)
+    how="2 ranks on GPU 0 over gloo (one GPU)"
+  else
+    cmd=("${NCF[@]}" "${shard[@]}" --nproc 2)
+  fi
+  step shard-users "${cmd[@]}" &&
+    expect shard-users "d.get('shard', {}).get('mode') == 'users' and len(d['shard']['rank_rows']) == 2" \
+      "the run's layout is not users over 2 ranks" &&
+    figure shard-users "f'--shard users, $how: rows per rank {d[\"shard\"][\"rank_rows\"]}, users {d[\"shard\"][\"rank_users\"]}, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
+  rm -rf "${OUT_DIR:?}/tune-jobs"
+  step tune-jobs "${NCF[@]}" tune "$SMALL" --jobs 2 --device "$DEV" --models mf --trials 2 \
+    --max-epochs 1 --out "$OUT_DIR/tune-jobs" --json -q &&
+    expect tune-jobs "d['trials'] >= 2 and d['best'] is not None" "fewer than 2 trials ended, or none is best" &&
+    figure tune-jobs "f'2 workers on $DEV: {d[\"trials\"]} trials in {d[\"spent_seconds\"]:.1f} s, best {d[\"best\"][\"model\"]} validation HR@10 {d[\"best\"][\"validation\"][\"hr@10\"]:.4f}'"
+fi
+
 if [ -f "$DATA/meta.json" ]; then
   large=(--batches 8388608 --micro-batch 1048576 --epochs 6)
   [ "$DEV" = cpu ] && large=(--batches 131072 --micro-batch 16384 --epochs 1 --tolerance 1
@@ -264,5 +364,5 @@ else
 fi
 
 note ""
-note "== done: $PASSED of $PLANNED steps OK in $(($(date +%s) - DEADLINE + BUDGET)) s; summary: $SUMMARY"
+note "== done: $PASSED of $PLANNED steps OK, $ABSENT not possible on this machine (SKIPPED), in $(($(date +%s) - DEADLINE + BUDGET)) s; summary: $SUMMARY"
 [ "$PASSED" -eq "$PLANNED" ]
