@@ -233,14 +233,14 @@ _HANDED: list[tuple[torch.Tensor, int]] = []
 def _hand_over(t: torch.Tensor) -> None:
     """Remember `t`, about to go to a collective, until the backend's own threads drop it.
 
-    A collective returns before the backend is done with its tensor: gloo's worker thread
-    (NCCL's watchdog) still holds the work, and dropping it drops a reference to the tensor's
-    Python object, under the GIL. A thread that asks for the GIL just before the interpreter
-    begins to exit and gets it after is ended by Python (pthread_exit) inside that C++
-    destructor: std::terminate, "terminate called without an active exception", SIGABRT (issue
-    32's flake; a gloo barrier keeps the works before it until it is dropped itself). The
-    group outlives destroy_process_group (DDP keeps it), so its threads live to the end:
-    `shutdown` waits until they have let go instead.
+    A collective returns before the backend is done with its tensor: gloo's worker thread still
+    holds the work, and dropping it drops a reference to the tensor's Python object, under the
+    GIL. A thread that asks for the GIL just before the interpreter begins to exit and gets it
+    after is ended by Python (pthread_exit) inside that C++ destructor: std::terminate,
+    "terminate called without an active exception", SIGABRT (issue 32's flake; a gloo barrier
+    keeps the works before it until it is dropped itself). The group outlives
+    destroy_process_group (DDP keeps it), so its threads live to the end: `shutdown` waits
+    until they have let go instead.
     """
     _HANDED[:] = [(h, base) for h, base in _HANDED if _holders(h) > base]
     _HANDED.append((t, _holders(t)))
@@ -297,9 +297,11 @@ def barrier(env: DistEnv) -> None:
 
 
 def shutdown(env: DistEnv) -> None:
-    """Leave the process group, once the backend's threads hold no tensor of ours (`_hand_over`):
+    """Leave the process group; on gloo, once its threads hold no tensor of ours (`_hand_over`):
     they outlive the group, and one releasing a tensor while the interpreter exits aborts it.
-    The wait is bounded like a collective (NCF_DIST_TIMEOUT); it is milliseconds in practice."""
+    (NCCL's shutdown joins its own threads; gloo's does nothing.) The wait is bounded like a
+    collective (NCF_DIST_TIMEOUT); it is milliseconds in practice."""
     if env.enabled and dist.is_initialized():
-        _drain(timeout_seconds())
+        if dist.get_backend() == "gloo":
+            _drain(timeout_seconds())
         dist.destroy_process_group()
