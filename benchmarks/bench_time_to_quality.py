@@ -26,11 +26,14 @@ batch building and negatives, the kind's forward and backward, the sequence term
 validation and checkpoints (docs/train.md#where-the-defaults-time-goes):
 
     python benchmarks/bench_time_to_quality.py --profile 2 --datasets ml-100k beauty
+
+`--ops N` adds torch.profiler's N ops of most CPU time (the timers then run under its overhead).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import statistics
@@ -202,12 +205,17 @@ class _Timers:
         setattr(owner, name, timed)
 
 
-def profile_one(data: str, epochs: int, out: str, ncf_args: list[str]) -> dict[str, float]:
-    """Run `ncf train DATA --epochs N` in this process with timers around the loop's steps."""
+def profile_one(
+    data: str, epochs: int, out: str, ncf_args: list[str], ops: int = 0
+) -> dict[str, float]:
+    """Run `ncf train DATA --epochs N` in this process with timers around the loop's steps;
+    with `ops`, under torch.profiler too, printing its `ops` ops of most CPU time."""
     t_process = time.perf_counter()
     timers = _Timers()
     with timers("imports"):
         import threading
+
+        import torch.profiler
 
         from ncfcli import recency
         from ncfcli.cli import main
@@ -258,11 +266,21 @@ def profile_one(data: str, epochs: int, out: str, ncf_args: list[str]) -> dict[s
     # On the CPU: the timers read the host clock, which a GPU's queued kernels would not stop.
     sys.argv = ["ncf", "train", data, "--epochs", str(epochs), "--out", out, "--device", "cpu",
                 "-q", *ncf_args]  # fmt: skip
-    try:
-        main()
-    except SystemExit as e:
-        if e.code:
-            raise
+    import torch.profiler
+
+    with (
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        if ops
+        else (contextlib.nullcontext()) as prof
+    ):
+        try:
+            main()
+        except SystemExit as e:
+            if e.code:
+                raise
+    if ops:
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=ops,
+                                        max_name_column_width=40))  # fmt: skip
     s = timers.seconds
     s["process"] = time.perf_counter() - t_process
     inside = ("seq batches", "kind forward", "kind backward", "seq forward", "seq backward", "adam")
@@ -302,18 +320,23 @@ def profile(a: argparse.Namespace) -> None:
             data = prepare(name, work, a)
             out = work / f"profile-{name}-{time.time_ns()}"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-one", str(data),
-                   "--profile", str(a.profile), "--work", str(out), "--ncf-args", a.ncf_args]  # fmt: skip
+                   "--profile", str(a.profile), "--work", str(out), "--ncf-args", a.ncf_args,
+                   "--ops", str(a.ops)]  # fmt: skip
             t0 = time.perf_counter()
             res = subprocess.run(cmd, capture_output=True, text=True, env=ncf_env(), check=False)
             wall = time.perf_counter() - t0
             if res.returncode != 0:
                 last = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
                 sys.exit(f"error: the profile of {name} failed: {last}")
-            s = json.loads(res.stdout.strip().splitlines()[-1])
+            *op_lines, last_line = res.stdout.strip().splitlines()
+            s = json.loads(last_line)
             # what the child's own clock missed (the interpreter, its first imports, its exit)
             s["imports"] += wall - s["process"]
             s["process"] = wall
             print("\n".join(profile_table(name, s)), flush=True)
+            if op_lines:
+                print(f"{name}: torch.profiler's ops of most CPU time (the timers above ran under "
+                      "its overhead)\n" + "\n".join(op_lines), flush=True)  # fmt: skip
     print(f"at the end: {machine()}")
 
 
@@ -327,13 +350,15 @@ def main() -> None:
     p.add_argument("--no-als", action="store_true", help="the default only")
     p.add_argument("--profile", type=int, metavar="EPOCHS",
                    help="instead: where EPOCHS epochs of the default's time go")  # fmt: skip
+    p.add_argument("--ops", type=int, default=0, metavar="N",
+                   help="with --profile: also torch.profiler's N ops of most CPU time")  # fmt: skip
     p.add_argument("--profile-one", help=argparse.SUPPRESS)  # --profile's child process
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     p.add_argument("--beauty", help="Amazon Beauty's beauty.csv (user,item,timestamp)")
     a = p.parse_args()
     if a.profile_one:
-        got = profile_one(a.profile_one, a.profile, a.work, shlex.split(a.ncf_args))
+        got = profile_one(a.profile_one, a.profile, a.work, shlex.split(a.ncf_args), a.ops)
         print(json.dumps(got))
     elif a.profile:
         profile(a)
