@@ -106,9 +106,10 @@ DATA="$WORK/$SIZE"
 # What an earlier run of this script wrote in OUT_DIR is removed (and nothing else), so each
 # run starts clean: the step logs, runs that hold ncf's config.json, the export folder.
 for name in "${STEPS[@]}"; do rm -f "$OUT_DIR/$name.out" "$OUT_DIR/$name.log"; done
-for run in run-tf32 run-amp run-refit run-order run-sequence run-gpus-2 run-shard tune-jobs; do
+for run in run-tf32 run-amp run-refit run-order run-sequence run-gpus-2 run-shard; do
   [ -f "$OUT_DIR/$run/config.json" ] && rm -rf "${OUT_DIR:?}/$run"
 done
+[ -f "$OUT_DIR/tune-jobs/tune.json" ] && rm -rf "${OUT_DIR:?}/tune-jobs" # else it would resume
 [ -f "$OUT_DIR/export/ncf.onnx" ] && rm -rf "${OUT_DIR:?}/export"
 : >"$SUMMARY"
 NCF=("$PY" -m ncfcli) # a command, not a shell function, so `timeout` can run it
@@ -335,7 +336,6 @@ else
     expect shard-users "d.get('shard', {}).get('mode') == 'users' and len(d['shard']['rank_rows']) == 2" \
       "the run's layout is not users over 2 ranks" &&
     figure shard-users "f'--shard users, $how: rows per rank {d[\"shard\"][\"rank_rows\"]}, users {d[\"shard\"][\"rank_users\"]}, test HR@10 {d[\"metrics\"][\"hr@10\"]:.4f}, {d[\"seconds\"]:.1f} s'"
-  rm -rf "${OUT_DIR:?}/tune-jobs"
   step tune-jobs "${NCF[@]}" tune "$SMALL" --jobs 2 --device "$DEV" --models mf --trials 2 \
     --max-epochs 1 --out "$OUT_DIR/tune-jobs" --json -q &&
     expect tune-jobs "d['trials'] >= 2 and d['best'] is not None" "fewer than 2 trials ended, or none is best" &&
