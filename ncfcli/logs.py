@@ -128,15 +128,30 @@ class RunLog:
         """Rewrite the epoch logs after an epoch; send the new rows to TensorBoard."""
         if not self.enabled:
             return
-        atomic_write_text(self.run_dir / METRICS_JSONL,
-                          "".join(json.dumps(h) + "\n" for h in history))  # fmt: skip
-        atomic_write_text(self.run_dir / METRICS_CSV, csv_text(history))
+        self._write(history)
         if self.writer is not None:
             for row in history[len(history) - 1 :]:
                 for key, value in flat(row, "/").items():  # test/hr@10: one chart per group
                     if key != "epoch" and isinstance(value, (int, float)):
                         self.writer.add_scalar(key, value, int(row["epoch"]))
             self.writer.flush()
+
+    def chosen(self, history: list[dict[str, Any]], epoch: int) -> None:
+        """Rewrite the epoch logs once the chosen `epoch`'s test figures are read, after
+        training (train/loop.py); send those figures to TensorBoard at that epoch."""
+        if not self.enabled:
+            return
+        self._write(history)
+        row = next(h for h in history if h["epoch"] == epoch)
+        if self.writer is not None:
+            for key, value in flat({"test": row["test"]}, "/").items():
+                self.writer.add_scalar(key, value, epoch)
+            self.writer.flush()
+
+    def _write(self, history: list[dict[str, Any]]) -> None:
+        atomic_write_text(self.run_dir / METRICS_JSONL,
+                          "".join(json.dumps(h) + "\n" for h in history))  # fmt: skip
+        atomic_write_text(self.run_dir / METRICS_CSV, csv_text(history))
 
     def close(self) -> None:
         if self.writer is not None:

@@ -117,16 +117,23 @@ def test_run_directory_follows_the_checkpoint_contract(run4: tuple[Path, Any]) -
 def test_resume_equals_uninterrupted(
     run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path
 ) -> None:
-    straight, _ = run4
+    straight, result = run4
     run = tmp_path / "resumed"
-    first = ncf("train", prepared_dir, "--out", run, "--epochs", 2, *SMALL, "--quiet")
+    first = ncf("train", prepared_dir, "--out", run, "--epochs", 2, *SMALL, "--json")
     assert first.exit_code == 0, first.output
     # Flags not given again come from the run itself.
     second = ncf(
-        "train", prepared_dir, "--out", run, "--resume", "--epochs", 4, "--device", "cpu", "-q"
+        "train", prepared_dir, "--out", run, "--resume", "--epochs", 4, "--device", "cpu", "--json"
     )
     assert second.exit_code == 0, second.output
-    assert scores(run) == scores(straight)
+    assert [s[:3] for s in scores(run)] == [s[:3] for s in scores(straight)]  # loss, validation
+    assert json.loads(second.stdout)["metrics"] == json.loads(result.stdout)["metrics"]
+    # The test set was read once per invocation, for its chosen epoch: the first one's (which
+    # it reported) stays in its row, beside the final choice's, the uninterrupted run's.
+    before = json.loads(first.stdout)
+    read = {m["epoch"]: m["test"] for m in metrics(run) if m["test"]}
+    assert read == {before["best_epoch"]: before["metrics"],
+                    **{m["epoch"]: m["test"] for m in metrics(straight) if m["test"]}}  # fmt: skip
 
 
 def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -440,21 +447,25 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
     }
     test_items = read_arrays(prepared_dir)["test_items"]
     calls: list[str] = []
+    trained: dict[tuple[float, ...], int] = {}  # the weights validation saw: their epoch
 
     def evaluate(model: Any, eval_set: tuple[Any, ...], env: Any, max_rows: int,
                  full: Any = None) -> dict:  # fmt: skip
         split = "test" if np.array_equal(eval_set[1].numpy(), test_items) else "validation"
         calls.append(split)
-        hr, ndcg = figures[calls.count(split)][split]  # this split's n-th call: epoch n
+        weights = tuple(float(p.detach().double().sum()) for p in model.parameters())
+        if split == "validation":  # its n-th call: epoch n
+            trained[weights] = calls.count(split)
+        hr, ndcg = figures[trained[weights]][split]  # test: the epoch whose weights it reads
         return {"hr@10": hr, "ndcg@10": ndcg}
 
     monkeypatch.setattr(train_evaluation, "evaluate_split", evaluate)
     run = tmp_path / "chosen"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "--json")
     assert result.exit_code == 0, result.output
-    # The test set is read for epochs 1 and 2, which became the best so far, never for 3.
-    assert sorted(calls) == ["test"] * 2 + ["validation"] * 3
-    assert [m["test"] is not None for m in metrics(run)] == [True, True, False]
+    # The test set is read once, after training, for epoch 2's weights (the chosen epoch's).
+    assert calls == ["validation"] * 3 + ["test"]
+    assert [m["test"] is not None for m in metrics(run)] == [False, True, False]
     out = json.loads(result.stdout)
     assert (out["best_epoch"], out["selected_by"]) == (2, "validation")
     assert out["validation"] == {"hr@10": 0.5, "ndcg@10": 0.30}

@@ -3,8 +3,9 @@
 `_train` below is the whole recipe, top to bottom: the run's start (start.py: resumed or new,
 the resolved options, the model and Adam, the data on the device), the run directory (run.py),
 then per epoch: fresh negatives (ncfcli.data.batches), the steps (`_steps`; optim.py computes
-each), HR@10 and NDCG@10 on the validation and test sets (evaluation.py), and a checkpoint.
-Nothing hides in callbacks. `train` around it sets up the device and the process group.
+each), HR@10 and NDCG@10 on the validation set (evaluation.py), and a checkpoint; after the
+last, the test set once, from the chosen epoch's weights (`_score_chosen`). Nothing hides in
+callbacks. `train` around it sets up the device and the process group.
 
 The next epoch's samples are built on a second thread while the current one trains (on a GPU,
 on a CUDA stream of its own). A first Ctrl-C stops after the current step and saves it in
@@ -49,6 +50,7 @@ from ncfcli.train.run import (
     _save_curves,
     default_run_dir,
     open_run_dir,
+    record_test,
     removed_if_unfinished,
     save_epoch,
     save_interrupted,
@@ -178,6 +180,8 @@ def _train(
             if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
                 totals.stopped_early = epoch < cfg.epochs
                 break
+        if hooks.score_test:
+            _score_chosen(s, run_log)
 
     if env.is_main and s.history:
         _save_curves(run_dir / ckpt.CURVES, s.history)
@@ -294,9 +298,10 @@ def _end_epoch(
     returns the scores ({split: HR@10, NDCG@10}), None for an epoch --eval-every skips.
 
     The split that chooses (validation; test without one) is scored every --eval-every epochs
-    and at the last; the test set, where validation chooses, only when the epoch becomes the
-    run's (the figure the run reports), and never with score_test False. A --refit run (its
-    epochs chosen beforehand) scores the test set at its last epoch only."""
+    and at the last. Where validation chooses, the test set is not read here: the epoch that
+    becomes the run's keeps its weights (on the host) and `_score_chosen` reads test once,
+    after training (never with score_test False). A --refit run (its epochs chosen
+    beforehand) scores the test set at its last epoch only."""
     cfg = s.cfg
     assert cfg.eval_batch is not None and cfg.epochs is not None
     last = epoch == cfg.epochs
@@ -316,12 +321,11 @@ def _end_epoch(
         scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch,
                                                 s.full_sets)  # fmt: skip
         improved = evaluation.improves(s.best, s.select, scores[choose], str(cfg.select_metric))
-        if choose != "test" and improved and score_test:
-            scores["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env,
-                                                    cfg.eval_batch)  # fmt: skip
         record.update(scores)
         if improved:
             s.best = {"epoch": epoch, "selected_by": s.select, "test": None, **scores}
+            if choose != "test" and score_test:  # its test figures: read after training
+                s.best_weights = _host_copy(s.model)
     s.history.append(record)
     if s.env.is_main:
         save_epoch(s, epoch, improved, run_log)
@@ -335,6 +339,40 @@ def _end_epoch(
         desc += f" full {got['full-hr@10']:.3f} {got['full-ndcg@10']:.3f}"
     bar.update(ep.task, loss=f"{loss:.3f}", description=desc)
     return scores
+
+
+def _score_chosen(s: Session, run_log: RunLog) -> None:
+    """Read the test set once, for the epoch validation chose, from that epoch's weights (kept
+    by `_end_epoch`, or best.pt's where it was chosen before a --resume): the figures the run
+    reports, recorded in that epoch's row, best.pt and last.pt. Every rank takes part (the
+    sums are reduced over the ranks). Nothing to read where test chooses (it was scored with
+    each epoch), or where this choice was read already (a resumed run whose best held)."""
+    best = s.best
+    if s.select != "validation" or best is None or best.get("test") is not None:
+        return
+    weights = s.best_weights
+    if weights is None:  # chosen before this invocation
+        kept = ckpt.load_checkpoint(s.run_dir / ckpt.BEST)
+        if kept.get("epoch") != best["epoch"]:
+            raise NcfError(f"{s.run_dir / ckpt.BEST} holds epoch {kept.get('epoch')}, and the "
+                           f"run chose epoch {best['epoch']}: the run directory was changed "
+                           "by hand; train it again into a new --out")  # fmt: skip
+        weights = kept["model"]
+    assert s.cfg.eval_batch is not None
+    now = _host_copy(s.model)
+    s.model.load_state_dict(weights)
+    best["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env, s.cfg.eval_batch)
+    s.model.load_state_dict(now)
+    for row in s.history:
+        if row["epoch"] == best["epoch"]:
+            row["test"] = best["test"]
+    if s.env.is_main:
+        record_test(s, run_log)
+
+
+def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights (and buffers: the sequence term's calibrated scale) as host copies."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
 def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:

@@ -224,6 +224,22 @@ def save_epoch(s: Session, epoch: int, improved: bool, run_log: RunLog) -> None:
     run_log.epoch(s.history)
 
 
+def record_test(s: Session, run_log: RunLog) -> None:
+    """Rank 0, once the chosen epoch's test figures are read after training (loop.py): they
+    go into best.pt, last.pt (so a --resume whose best holds does not read them again) and
+    that epoch's row of the logs."""
+    assert s.best is not None and s.cfg.keep_checkpoints is not None
+    chosen, test = int(s.best["epoch"]), s.best["test"]
+    kept = ckpt.load_checkpoint(s.run_dir / ckpt.BEST)
+    kept["best"] = s.best
+    kept["history"] = [{**h, "test": test} if h["epoch"] == chosen else h
+                       for h in kept.get("history") or []]  # fmt: skip
+    ckpt.save_checkpoint(s.run_dir / ckpt.BEST, kept)
+    last = int(s.history[-1]["epoch"])
+    _write_checkpoint(s.run_dir, checkpoint_state(s, last), last, s.cfg.keep_checkpoints)
+    run_log.chosen(s.history, chosen)
+
+
 def save_interrupted(s: Session, epoch: int, step: int, loss_sums: tuple[float, float]) -> None:
     """Rank 0, on Ctrl-C in `epoch`: last.pt at this step (and the curves so far)."""
     assert s.cfg.keep_checkpoints is not None  # resolved
@@ -248,7 +264,7 @@ def _save_curves(path: Path, history: list[dict[str, Any]]) -> None:
     axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
     for ax, key in zip(axes[1:], ("hr@10", "ndcg@10"), strict=True):
         for split in ("validation", "test"):
-            scored = [h for h in history if h.get(split)]  # --eval-every, test when chosen
+            scored = [h for h in history if h.get(split)]  # --eval-every; test: the chosen epoch
             if scored:
                 ax.plot([h["epoch"] for h in scored], [h[split][key] for h in scored],
                         marker="o", label=split)  # fmt: skip

@@ -54,6 +54,7 @@ class Session:
     partial: list[float] = field(default_factory=lambda: [0.0, 0.0])  # their loss sums
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
     best: dict[str, Any] | None = None
+    best_weights: dict[str, torch.Tensor] | None = None  # its host copy, chosen by this invocation
     sequences: SequenceBatches | None = None  # the sequence term's batches (data/sequences.py)
     calibration: tuple[torch.Tensor, torch.Tensor] | None = None  # its users and windows
     sequence_note: str | None = None  # why its window is not the one asked for (start.py)
