@@ -49,6 +49,7 @@ from ncfcli.train.run import (
     TrainResult,
     _save_curves,
     default_run_dir,
+    import_plotting,
     open_run_dir,
     record_test,
     removed_if_unfinished,
@@ -160,6 +161,8 @@ def _train(
             )
             if epoch < cfg.epochs:
                 upcoming = builder.submit(_build_epoch, s.sampler, epoch + 1, s.local_batch)
+            if epoch == s.done + 1 and env.is_main:  # then the builder idles: curves.png's imports
+                builder.submit(import_plotting)
             ep = _steps(s, batches, epoch, bar, interrupt, check_sync)
             backend.synchronize_stream()
             seconds = time.perf_counter() - t0
