@@ -331,6 +331,20 @@ def test_a_window_longer_than_every_history_is_capped_before_training(
     assert config["sequence_note"] == "100000 capped at the longest history"
 
 
+def test_the_cap_is_the_longest_history_exactly(eras: Path) -> None:
+    """A window as long as the longest history is kept as asked; one item longer is capped at
+    it (`eras`' users have at most 10 training items)."""
+    from ncfcli.train.config import TrainConfig
+    from ncfcli.train.start import sequence_window
+
+    data = load_prepared(eras, CPU)
+    for asked, want, note in ((10, 10, None), (11, 10, "11 capped at the longest history"),
+                              (3, 3, None)):  # fmt: skip
+        cfg = TrainConfig(data_dir=str(eras), sequence_length=asked)
+        got, why = sequence_window(cfg, data, CPU, asked, None, False)
+        assert (got.sequence_length, why) == (want, note)
+
+
 def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(
     eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -94,6 +94,44 @@ def test_auto_shards_only_when_the_whole_set_does_not_fit(
         shard.choose(cfg, meta, env, CPU)
 
 
+def test_auto_shards_on_every_rank_when_any_rank_is_short(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks may see different free memory (another job on one GPU): one rank over its share is
+    enough, and every rank takes the same layout (they would otherwise load different data)."""
+    meta = read_meta(data_dir)
+    cfg = TrainConfig(data_dir=str(data_dir))
+    need = shard.plan_bytes(meta, 32, 2)
+    roomy, tight = int(4 * need / shard.SHARE), int(need / shard.SHARE / 2)
+    for mine, other in ((roomy, tight), (tight, roomy)):
+        votes = [[int(need > shard.SHARE * f), f] for f in (mine, other)]
+        monkeypatch.setattr(shard.dist_env, "gather_ints", lambda v, env, device, t=votes: t)
+        monkeypatch.setenv(shard.FREE_ENV, str(mine))
+        layout = shard.choose(cfg, meta, DistEnv(rank=0, world_size=2), CPU)
+        assert layout.mode == "users", (mine, other, layout)
+
+
+def test_a_nodes_ranks_share_its_host_memory_not_a_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, the node's LOCAL_WORLD_SIZE ranks plan with equal parts of the host's free
+    memory; on a GPU each rank has its own device's."""
+
+    class Host:
+        is_cuda = False
+
+        def free_memory_bytes(self) -> int:
+            return 12_000
+
+    class Gpu(Host):
+        is_cuda = True
+
+    monkeypatch.delenv(shard.FREE_ENV, raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert shard.free_bytes(Host()) == 4_000  # type: ignore[arg-type]
+    assert shard.free_bytes(Gpu()) == 12_000  # type: ignore[arg-type]
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert shard.free_bytes(Host()) == 12_000  # type: ignore[arg-type]
+
+
 def _shard_view(data_dir: Path, rank: int) -> tuple:
     meta = read_meta(data_dir)
     mine = shard.assign(meta["buckets"], 2)[rank]

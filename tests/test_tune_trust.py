@@ -179,6 +179,13 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
     again = _study(out).get_trials()[1]
     assert again.params == first.params and again.user_attrs["rerun_of"] == 0
     assert again.user_attrs.get("default") and again.state.name in ("COMPLETE", "PRUNED")
+    if how != "KeyboardInterrupt":
+        return
+    # A later resume does not run it a third time: it was rerun once already.
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    reruns = [t.number for t in _study(out).get_trials() if t.user_attrs.get("rerun_of") == 0]
+    assert reruns == [again.number], reruns
 
 
 def test_ctrl_c_while_the_chosen_run_is_tested_prints_the_command_too(
