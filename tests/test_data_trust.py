@@ -308,8 +308,11 @@ def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: P
     cmd = [sys.executable, "-m", "ncfcli", "prepare", "synthetic", "--users", "200", "--items",
            "60", "--rows", "2000", "--eval-negatives", "5", "--engine", "dask", "--workers", "2",
            "--buckets", "3", "--out", str(out), "--device", "cpu", "-q"]  # fmt: skip
+    # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
+    # background job of a script): an ignored signal stays ignored in every child.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)  # fmt: skip
+                            start_new_session=True, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not (list(tmp_path.glob(".out.tmp-*")) if when == "writing"  # the dataset's folder

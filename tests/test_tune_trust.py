@@ -74,8 +74,11 @@ class FakeClock:
 def _interrupt_after_first_trial(cmd: list[str], env: dict[str, str]) -> tuple[int, float, str]:
     """Run `cmd`, send SIGINT as its first trial's line appears; (exit code, seconds from the
     signal to the exit, stderr)."""
+    # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
+    # background job of a script): an ignored signal stays ignored in every child.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     lines: list[str] = []
     first = threading.Event()
 
