@@ -32,23 +32,22 @@ def ncf(*args: object) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("trust") / "data"
-    res = ncf("prepare", "synthetic", "--users", 60, "--items", 80, "--interactions", 1500,
-              "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
+def _synthetic(out: Path, users: int, items: int, interactions: int) -> Path:
+    res = ncf("prepare", "synthetic", "--users", users, "--items", items, "--interactions",
+              interactions, "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
     assert res.exit_code == 0, res.output
     return out
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _synthetic(tmp_path_factory.mktemp("trust") / "data", 60, 80, 1500)
 
 
 @pytest.fixture(scope="module")
 def slower(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Trials of about a second: a signal sent as one trial ends lands in the next."""
-    out = tmp_path_factory.mktemp("trust") / "slower"
-    res = ncf("prepare", "synthetic", "--users", 300, "--items", 200, "--interactions", 12000,
-              "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
-    assert res.exit_code == 0, res.output
-    return out
+    return _synthetic(tmp_path_factory.mktemp("trust") / "slower", 300, 200, 12000)
 
 
 def _study(tune_dir: Path) -> Any:
