@@ -227,6 +227,16 @@ def test_more_workers_than_visible_gpus_is_refused_before_the_cluster(
     assert calls == []
 
 
+@pytest.mark.parametrize(("listed", "n"), [("2,3", 2), ("GPU-aa11", 1), ("", 0), ("0,", 1)])
+def test_visible_gpus_reads_the_list_as_dask_cuda_does(monkeypatch: pytest.MonkeyPatch,
+                                                      listed: str, n: int) -> None:  # fmt: skip
+    """CUDA_VISIBLE_DEVICES="" hides every GPU (a CPU-only job step), not one named ''."""
+    from ncfcli.data.dask_cluster import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    assert visible_gpus() == n
+
+
 def test_a_gpu_workers_task_does_not_load_torch(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """G6: split_write on a GPU worker took get_backend, which imports torch (and sets up RMM
