@@ -75,6 +75,11 @@ def test_a_held_out_user_with_no_training_row_is_refused(tmp_path: Path, engine:
     text = one_line_error(_holdout(tmp_path, TRAIN, held, engine))
     assert "test.csv: 2 users (4, 5) with no training row in " in text, text
     assert not (tmp_path / "out").exists()
+    # the first user of all (dense id 0) is checked like the others
+    held = ["user,item", "0,12", "1,13", "2,11", "3,13"]
+    text = one_line_error(_holdout(tmp_path, TRAIN, held, engine))
+    assert "test.csv: 1 user (0) with no training row in " in text, text
+    assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -160,6 +165,14 @@ def test_the_minimum_counts_the_largest_block(tmp_path: Path) -> None:
     cpu = minimum_memory(blocks, None, get_backend("cpu"))
     assert cpu == WORKER_BYTES + ((64 << 20) - 1000) * TEXT_PEAK_PER_BYTE
     assert minimum_memory(blocks, None, Backend("cuda", np, 0)) > cpu  # CuPy, a CUDA context
+    # A generated block holds at least its rows' columns (int32 user and item, int64 time):
+    from ncfcli.data import synthetic
+
+    shape = synthetic.resolve_shape(None, 20_000, 5_000, 2_000_000)
+    parts = len(synthetic.partition_bounds(shape)) - 1
+    made = [Block("synthetic", "", p) for p in range(parts)]
+    rows = -(-shape.interactions // parts)
+    assert minimum_memory(made, shape, get_backend("cpu")) >= WORKER_BYTES + 16 * rows
 
 
 def _stand_in_dask_cuda(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[dict]:

@@ -345,6 +345,17 @@ def test_the_cap_is_the_longest_history_exactly(eras: Path) -> None:
         assert (got.sequence_length, why) == (want, note)
 
 
+def test_a_resume_keeps_its_window_only_where_it_was_capped(eras: Path) -> None:
+    """--resume with the window a capped run was asked for is no change; any other longer
+    window is one (a run that trained at 8 of the 10 items is not 'capped' at 9)."""
+    from ncfcli.train.start import _as_capped
+
+    data = load_prepared(eras, CPU)
+    assert _as_capped(100000, {"sequence_length": 10}, data, CPU) == 10
+    assert _as_capped(9, {"sequence_length": 8}, data, CPU) == 9
+    assert _as_capped(5, {"sequence_length": 10}, data, CPU) == 5
+
+
 def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(
     eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

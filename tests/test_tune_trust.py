@@ -494,6 +494,25 @@ def test_a_live_process_trial_is_left_running_and_a_dead_one_failed(tmp_path: Pa
     assert gone.state.name == "FAIL" and gone.user_attrs["interrupted"]
 
 
+def test_a_second_ctrl_c_changes_nothing() -> None:
+    """The first SIGINT during a trial's fit raises at once; one more while the trial cleans up
+    must not cut that clean-up (the study's write, the trial's folder) half-way."""
+    from ncfcli.tune.search import Stop
+
+    stop = Stop()
+    stop.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        stop(signal.SIGINT, None)
+    try:
+        stop(signal.SIGINT, None)
+    except KeyboardInterrupt:
+        pytest.fail("a second Ctrl-C raised again, in the middle of the trial's clean-up")
+    assert stop.requested
+    idle = Stop()  # between trials: only asks
+    idle(signal.SIGINT, None)
+    assert idle.requested
+
+
 def test_trials_counts_pruned_trials_as_ended_and_failed_ones_not() -> None:
     """--trials N stops once N trials ended with a result: finished or pruned."""
     from ncfcli.tune.search import ended
