@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -100,7 +101,11 @@ def test_hand_made_csv_equals_memory_engine(tmp_path: Path, workers: int, args: 
 
 
 def test_spills_on_two_million_rows(tmp_path: Path) -> None:
-    """The CI case: 2M synthetic rows, 2 worker processes, a memory limit that forces spilling."""
+    """The CI case: 2M synthetic rows, 2 worker processes, a memory limit near the floor, and
+    workers told to keep little data in memory (Dask's target fraction: it spills the rest to
+    disk), so the run spills whatever the machine's allocator gives back."""
+    import dask
+
     from ncfcli.backend import get_backend
     from ncfcli.data.config import PrepareConfig
     from ncfcli.data.prepare import prepare
@@ -109,13 +114,38 @@ def test_spills_on_two_million_rows(tmp_path: Path) -> None:
     common = {"source": "synthetic", "users": 20_000, "items": 5_000, "interactions": 2_000_000,
               "eval_negatives": 20}  # fmt: skip
     mem = prepare(PrepareConfig(**common, engine="memory", out=str(tmp_path / "mem")), backend)
-    dk = prepare(PrepareConfig(**common, engine="dask", workers=2, memory_limit="250MiB",
-                               out=str(tmp_path / "dask")), backend, quiet=True)  # fmt: skip
+    with dask.config.set({"distributed.worker.memory.target": 0.02}):  # about 4.5 MiB a worker
+        dk = prepare(PrepareConfig(**common, engine="dask", workers=2, memory_limit="250MiB",
+                                   out=str(tmp_path / "dask")), backend, quiet=True)  # fmt: skip
     assert dk["dask"]["workers"] == 2
     assert dk["dask"]["spilled_bytes"] > 0, dk["dask"]
     assert mem["fingerprint"] == dk["fingerprint"]
     same_dataset(tmp_path / "mem", tmp_path / "dask")
     assert not list(tmp_path.glob(".*"))  # the spill folder is gone
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads Linux's /proc")
+def test_local_workers_never_pause_and_give_freed_memory_back(tmp_path: Path) -> None:
+    """A worker over 80% of --memory-limit by its own memory (not data it can spill) was paused
+    for good and the prepare waited forever (test_spills_on_two_million_rows hung 2 runs in 12
+    beside another): workers never pause, and each has the nanny's MALLOC_TRIM_THRESHOLD_ in
+    its C environment (a forked worker's is the fork server's, as /proc shows it)."""
+    from ncfcli.backend import get_backend
+    from ncfcli.data.config import PrepareConfig
+    from ncfcli.data.dask_cluster import client_for
+
+    def look(dask_worker: Any) -> tuple[Any, list[bytes]]:
+        with open("/proc/self/environ", "rb") as f:
+            return dask_worker.memory_manager.memory_pause_fraction, f.read().split(b"\0")
+
+    config = PrepareConfig(source="synthetic", engine="dask", workers=2, memory_limit="400MiB",
+                           out=str(tmp_path / "out"))  # fmt: skip
+    with client_for(config, get_backend("cpu"), tmp_path, 400 << 20) as client:
+        seen = client.run(look)
+    assert len(seen) == 2
+    for pause, environ in seen.values():
+        assert pause is False
+        assert b"MALLOC_TRIM_THRESHOLD_=65536" in environ
 
 
 def test_bad_row_in_block_seven_names_file_and_line(tmp_path: Path,

@@ -134,8 +134,27 @@ def _forkserver_without_sigint(stack: contextlib.ExitStack) -> None:
     stack.enter_context(dask.config.set({"distributed.worker.multiprocessing-method":
                                          "forkserver"}))  # fmt: skip
     get_mp_context()  # the fork server's preloaded modules (distributed, numpy, pandas)
-    with _sigint_ignored():
+    # The nanny sets its pre-spawn environment (MALLOC_TRIM_THRESHOLD_ above all: freed memory
+    # goes back to the system) in the process it starts, before glibc reads it; a forked worker
+    # has the fork server's C environment instead, so the fork server starts with it.
+    spawn_env = dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}
+    with _sigint_ignored(), _environ({k: str(v) for k, v in spawn_env.items()}):
         forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """These environment variables set meanwhile (for a process started meanwhile)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http: str) -> Any:
@@ -178,7 +197,15 @@ def client_for(config: PrepareConfig, backend: Backend, scratch: Path,
     # distributed's default is 8787, the user's own Dask dashboard's, where it warns "Port 8787
     # is already in use" in the middle of the command's output. ":0" takes any free port.
     http = ":0"
+    import dask
+
     with contextlib.ExitStack() as stack:
+        # Never pause a worker: Dask pauses one whose process memory is over 80% of its limit
+        # until it falls, and memory that is the process's own, not data it could spill, need
+        # not fall: the run then waited forever (seen at a 250MiB limit on 2 busy cores). The
+        # nanny's terminate fraction (95%) still ends a worker that outgrows its limit, which
+        # the engine reports in one line (`died`).
+        stack.enter_context(dask.config.set({"distributed.worker.memory.pause": False}))
         if backend.is_cuda:
             # GPU-only line (docs/gpu.md): dask-cuda's workers are spawned meanwhile, so a Ctrl-C
             # while they start is lost; one after that stops the run.
