@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ncfcli.data.digest import ArrayDigest, array_digest, file_sha256, verify_files  # noqa: F401
+from ncfcli.data.archive import sha256_file
+from ncfcli.data.digest import ArrayDigest, array_digest, verify_files  # noqa: F401
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import MARKER, atomic_dir, write_marker
@@ -472,7 +473,7 @@ def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
     ]
     return {"users": [int(lo), int(hi)], "n_train": int(len(arrays["train_users"])),
             "n_valid": n_valid,
-            "sha256": {str(f): file_sha256(folder / f) for f in files}}  # fmt: skip
+            "sha256": {str(f): sha256_file(folder / f) for f in files}}  # fmt: skip
 
 
 def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], user_ids: Any,
@@ -509,7 +510,7 @@ def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], use
     meta["fingerprint"] = fingerprint(meta)
     for fname, ids in zip(ID_MAPS, (user_ids, item_ids), strict=True):
         pq.write_table(pa.table({"raw_id": pa.array(ids)}), folder / fname)
-    meta["id_maps_sha256"] = {fname: file_sha256(folder / fname) for fname in ID_MAPS}
+    meta["id_maps_sha256"] = {fname: sha256_file(folder / fname) for fname in ID_MAPS}
     (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     for sub in [folder / TRAIN_DIR, folder / HELDOUT_DIR,
                 *sorted((folder / HELDOUT_DIR).iterdir())]:  # fmt: skip

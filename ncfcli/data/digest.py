@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli.data.archive import sha256_file
 from ncfcli.errors import NcfError
 
 
@@ -54,11 +55,6 @@ def array_digest(arrays: dict[str, np.ndarray]) -> str:
     return d.hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def verify_files(path: Path, entry: dict[str, Any]) -> None:
     """Each file of a bucket against the sha256 meta.json records for it (datasets written
     before ncfcli recorded them have none: their arrays are checked against array_sha256 when
@@ -67,7 +63,7 @@ def verify_files(path: Path, entry: dict[str, Any]) -> None:
     for rel, want in (entry.get("sha256") or {}).items():
         f = path / rel
         try:
-            got = file_sha256(f)
+            got = sha256_file(f)
         except OSError as e:
             raise NcfError(f"{f} is missing or unreadable: {e.strerror or e}") from None
         if got != want:
