@@ -61,7 +61,6 @@ LIBRARIES = {"als": (("implicit", "scipy", "threadpoolctl"), "baselines")}
 def installed(module: str) -> bool:
     """Whether `module` can be imported (a None in sys.modules, as tests set, means not)."""
     import importlib.util
-    import sys
 
     if module in sys.modules:
         return sys.modules[module] is not None
@@ -139,8 +138,7 @@ def tune(cfg: TuneConfig, quiet: bool = False) -> dict[str, Any]:
         stopped = search.run_workers(replace(searched, device=device), tune_dir, gpus, me, quiet)
     except KeyboardInterrupt:  # before or after the workers' own handling of it
         stopped = True
-    study = search.open_study(tune_dir, cfg)
-    me.record(study)
+    study = search.open_study(tune_dir, cfg)  # run_workers recorded this invocation's time
     try:
         if stopped:
             raise KeyboardInterrupt

@@ -42,6 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ncfcli.baseline_options import KINDS as BASELINES
 from ncfcli.errors import NcfError
 from ncfcli.train.config import selection_key
 from ncfcli.tune import cost, space
@@ -56,7 +57,6 @@ STARTUP_TRIALS = 8  # random trials before TPE models the space
 HEARTBEAT = 10.0  # seconds between an invocation's records of its time
 FAILS_IN_A_ROW = 5  # a worker whose trials fail this many times in a row stops the search
 INTERRUPTED = 130  # a worker's exit code after Ctrl-C (the shell's for SIGINT)
-BASELINES = ("pop", "itemknn", "ease", "als")
 
 clock = time.time  # every reading of the time in the search (tests put a fake clock here)
 parent: int | None = None  # a --jobs worker's parent process: the worker stops once it is gone
@@ -434,8 +434,9 @@ class Progress:
 def gpu_of(worker: int, gpus: int) -> str:
     """Worker `worker`'s CUDA_VISIBLE_DEVICES: its turn among the parent's own list (indices or
     UUIDs: never a GPU outside the allocation), or among the `gpus` indices without one."""
-    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
-    visible = [d for d in visible if d][:gpus]  # CUDA uses the first `gpus` of them
+    from ncfcli.backend import visible_devices
+
+    visible = (visible_devices() or [])[:gpus]  # CUDA uses the first `gpus` of them
     return visible[worker % len(visible)] if visible else str(worker % gpus)
 
 
