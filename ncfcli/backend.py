@@ -159,6 +159,15 @@ def gpu_count() -> int:
     return cuda_status()[0]
 
 
+def visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES's entries (indices or UUIDs), None where it is unset; an empty
+    value lists none (every GPU hidden)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return None
+    return [d.strip() for d in listed.split(",") if d.strip()]
+
+
 def gpu_names() -> list[str]:
     cp = _cupy()
     if cp is None:

@@ -95,12 +95,10 @@ def check_memory(limit: str | None, blocks: list[Block], shape: Any, backend: Ba
 def visible_gpus() -> int:
     """The GPUs dask-cuda's LocalCUDACluster can give workers: CUDA_VISIBLE_DEVICES's list
     where set (as dask_cuda.utils.cuda_visible_devices reads it), else every GPU found."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return len([d for d in listed.split(",") if d.strip()])
-    from ncfcli.backend import gpu_count
+    from ncfcli.backend import gpu_count, visible_devices
 
-    return gpu_count()
+    listed = visible_devices()
+    return gpu_count() if listed is None else len(listed)
 
 
 @contextlib.contextmanager
