@@ -7,7 +7,7 @@ PATH, else the ncf cache (`ncf prepare ml-100k` downloads there), else ../shared
 beside the checkout, prepared here by `ncf prepare`; --prepared DIR uses a prepared dataset.
 
 `--shard`: a third CPU run, `--nproc 2 --shard users` (each worker loads only its buckets of
-users, ncfcli/train/shard.py), against the 2-worker default: HR@10 and NDCG@10 of each, their
+users, ncfcli/training/shard.py), against the 2-worker default: HR@10 and NDCG@10 of each, their
 difference against the same target, and the training rows each worker held.
 
 Weak scaling (`--scaling-device cuda|cpu --scaling-data DIR`): samples/s of one epoch for 1,

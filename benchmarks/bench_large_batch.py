@@ -1,7 +1,7 @@
 """Large global batches against the default batch, same epochs: `python benchmarks/bench_large_batch.py`.
 
 On MovieLens-100K as `ncf prepare` splits it (validation and test), trains `ncf train DATA`
-with no flag but the batch (the learning-rate rule of ncfcli.train.batch_lr picks lr and
+with no flag but the batch (the learning-rate rule of ncfcli.training.config.batch_lr picks lr and
 warm-up) at the default batch (2^14), 2^16 and 2^17 global (49 and 25 steps an epoch at the
 default 32 negatives; 14 and 7 at 8), and
 with `--nproc N --scaling weak --batch-size 16384` (gloo CPU workers; global 2^14 x N). Each

@@ -70,7 +70,7 @@ def ensure_csv(size: str, seed: int, work: Path) -> Path:
 _CHILD = """
 import json, sys
 from ncfcli.backend import get_backend
-from ncfcli.data.prepare import PrepareConfig, prepare
+from ncfcli.data.preparation import PrepareConfig, prepare
 csv, out, device = sys.argv[1:]
 backend = get_backend(device)
 meta = prepare(PrepareConfig(source=csv, out=out), backend, None, quiet=True)

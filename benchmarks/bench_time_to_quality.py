@@ -21,7 +21,7 @@ missed target exits 1.
     python benchmarks/bench_time_to_quality.py --datasets beauty --als 256,300,40,30
 
 `--profile N` instead trains the default for N epochs per dataset in-process, with timers
-around the loop's steps (ncfcli/train/loop.py), and prints where the time went: start-up,
+around the loop's steps (ncfcli/training/loop.py), and prints where the time went: start-up,
 batch building and negatives, the kind's forward and backward, the sequence term's, Adam,
 validation and checkpoints (docs/train.md#where-the-defaults-time-goes):
 
@@ -217,13 +217,13 @@ def profile_one(
 
         import torch.profiler
 
-        from ncfcli import recency
         from ncfcli.cli import main
         from ncfcli.data.batches import NegativeSampler
         from ncfcli.data.sequences import SequenceBatches
         from ncfcli.model.neumf import NCF
-        from ncfcli.train import evaluation, loop, optim
-        from ncfcli.train import start as start_module
+        from ncfcli.training import loop, optim, recency
+        from ncfcli.training import start as start_module
+        from ncfcli.training import validation as evaluation
 
     def thread(prefix: str) -> Callable[..., str]:
         return lambda *a, **k: (

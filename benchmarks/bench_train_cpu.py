@@ -1,6 +1,6 @@
 """CPU training throughput of `ncf train`'s loop: `python benchmarks/bench_train_cpu.py --repeat 3`.
 
-Runs the real training loop (ncfcli.train.train: negatives drawn and verified each epoch,
+Runs the real training loop (ncfcli.training.loop.train: negatives drawn and verified each epoch,
 zero-copy batches, Adam, loss reads) on ml-100k-shaped synthetic data (943 users, 1682 items,
 99,057 positives, the size default of 8 negatives each) and prints samples/s per model and
 batch. The first row is RecBole's NeuMF run on MovieLens-100K (GMF 16 factors, MLP
@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from ncfcli.data.dataset import write_prepared  # noqa: E402
-from ncfcli.train import TrainConfig, train  # noqa: E402
+from ncfcli.training.config import TrainConfig  # noqa: E402
+from ncfcli.training.loop import train
 
 RECBOLE = 184_000  # samples/s, RecBole NeuMF, 2 threads, batch 2048 (../shared/data/README.md)
 TARGET = 5 * RECBOLE  # for CASES[0]

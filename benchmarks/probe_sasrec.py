@@ -141,8 +141,8 @@ def standardised(scorer: Scorer) -> Scorer:
 def run_scorer(run_dir: str, data: PreparedData) -> Scorer:
     """An ncf run's validation scores against every item (its order term after each user's
     latest training item, as `ncf eval --split validation` scores it)."""
-    from ncfcli.checkpoint import load_run
-    from ncfcli.metrics import _score_all, uses_order
+    from ncfcli.rundir.checkpoint import load_run
+    from ncfcli.scoring.metrics import _score_all, uses_order
 
     run = load_run(run_dir)
     if run.dataset_fingerprint != data.fingerprint:

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 from ncfcli.data.config import PrepareConfig
 from ncfcli.errors import NcfError
-from ncfcli.evaluate import EvalConfig
-from ncfcli.export import ExportConfig
 from ncfcli.options import api_signature, from_keywords
-from ncfcli.recommend import RecommendConfig
-from ncfcli.train.config import TrainConfig
-from ncfcli.tune.config import TuneConfig
+from ncfcli.serve.evaluation import EvalConfig
+from ncfcli.serve.onnx_export import ExportConfig
+from ncfcli.serve.recommendation import RecommendConfig
+from ncfcli.training.config import TrainConfig
+from ncfcli.tuning.config import TuneConfig
 
 if TYPE_CHECKING:
-    from ncfcli.recommend import AllUsersResult, Recommendations
-    from ncfcli.train import TrainResult
+    from ncfcli.serve.recommendation import AllUsersResult, Recommendations
+    from ncfcli.training.run import TrainResult
 
 PathLike = str | Path
 
@@ -78,7 +78,7 @@ def prepare(
 ) -> Dataset:  # fmt: skip
     """`ncf prepare SOURCE`: a MovieLens name, a path or "synthetic" -> a prepared Dataset."""
     from ncfcli.backend import get_backend
-    from ncfcli.data.prepare import prepare as run_prepare
+    from ncfcli.data.preparation import prepare as run_prepare
 
     config = from_keywords(PrepareConfig, {"source": source, "out": out, **options}, "prepare")
     config.validate()
@@ -107,7 +107,7 @@ def train(
     Returns the TrainResult (run_dir, best_epoch, metrics, samples_per_second, ...).
     """
     from ncfcli.data.sources import resolve_prepared
-    from ncfcli.train import train as run_train
+    from ncfcli.training.loop import train as run_train
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
     cfg = from_keywords(TrainConfig, {"out": out, "device": device, **options}, "train",
@@ -128,8 +128,8 @@ def tune(
     run directory and test figures, the importances) with `tune_dir`. quiet=False prints each
     trial's line on stderr, as the command does."""
     from ncfcli.data.sources import resolve_prepared
-    from ncfcli.tune.config import TuneConfig
-    from ncfcli.tune.run import tune as run_tune
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.run import tune as run_tune
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
     cfg = from_keywords(TuneConfig, {"out": None if out is None else str(out), **options}, "tune",
@@ -145,7 +145,7 @@ def _run_dir(run: Any) -> Path:
 
 def evaluate(run: PathLike | TrainResult, *, device: str = "auto", **options: Any) -> Evaluation:
     """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking."""
-    from ncfcli.evaluate import run_eval
+    from ncfcli.serve.evaluation import run_eval
 
     cfg = from_keywords(EvalConfig, options, "evaluate")  # checked before the run is read
     report = run_eval(_run_dir(run), cfg, device)
@@ -160,7 +160,7 @@ def export(
     **options: Any,
 ) -> Export:  # fmt: skip
     """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked."""
-    from ncfcli.export import run_export
+    from ncfcli.serve.onnx_export import run_export
 
     cfg = from_keywords(ExportConfig, {"out": out, "triton": triton, **options}, "export")
     res = run_export(_run_dir(run), cfg)
@@ -178,7 +178,7 @@ def recommend(
     `all_users=True`: the users' lists go to `out` (.parquet or .csv) and an AllUsersResult
     says what was written.
     """
-    from ncfcli.recommend import run_recommend, run_recommend_all
+    from ncfcli.serve.recommendation import run_recommend, run_recommend_all
 
     cfg = from_keywords(RecommendConfig, options, "recommend")
     if all_users:

@@ -148,7 +148,7 @@ def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
 
 def write_marker(folder: str | os.PathLike, kind: str, entries: Iterable[str]) -> None:
     """Write `folder`'s record; entries already recorded there (same kind) are kept."""
-    from ncfcli import __version__
+    from ncfcli.version import __version__
 
     folder = Path(folder)
     names = set(entries)

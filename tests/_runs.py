@@ -1,6 +1,6 @@
 """A run directory without `ncf train`, for the eval/export/recommend tests.
 
-Written exactly as ncfcli/checkpoint.py documents it (best.pt, checkpoints/last.pt,
+Written exactly as ncfcli/rundir/checkpoint.py documents it (best.pt, checkpoints/last.pt,
 config.json), with seeded random weights large enough that no two scores tie.
 """
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ncfcli.checkpoint import BEST, CKPT_DIR, CONFIG, LAST, save_checkpoint
 from ncfcli.data.dataset import read_meta
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
+from ncfcli.rundir.checkpoint import BEST, CKPT_DIR, CONFIG, LAST, save_checkpoint
 
 
 def make_run(data_dir: Path, out: Path, kind: str = "neumf", seed: int = 0) -> Path:

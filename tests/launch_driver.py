@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ncfcli.launch import LaunchPlan, free_port, supervise
+from ncfcli.launch.plan import LaunchPlan, free_port, supervise
 
 nproc, mode, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 plan = LaunchPlan(

@@ -72,7 +72,7 @@ elif mode == "gloo":
     # A real process group: rank 1 dies between collectives, rank 0 is blocked in one.
     import torch
 
-    from ncfcli import distributed
+    from ncfcli.launch import distributed
 
     env = distributed.env_from_environ()
     distributed.init(env, "cpu")
@@ -88,7 +88,7 @@ elif mode == "store":
     import torch
     import torch.distributed as dist
 
-    from ncfcli import distributed
+    from ncfcli.launch import distributed
 
     env = distributed.env_from_environ()
     distributed.init(env, "cpu")
@@ -119,7 +119,7 @@ elif mode == "late":
     import torch
     import torch.distributed as dist
 
-    from ncfcli import distributed
+    from ncfcli.launch import distributed
 
     env = distributed.env_from_environ()
     distributed.init(env, "cpu")

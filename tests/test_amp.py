@@ -16,7 +16,9 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.model import KINDS, ModelConfig, _Gather, build_model
+from ncfcli.model.config import KINDS, ModelConfig
+from ncfcli.model.layers import _Gather
+from ncfcli.model.neumf import build_model
 
 runner = CliRunner()
 SMALL = [
@@ -131,7 +133,7 @@ def test_the_sequence_term_runs_under_autocast() -> None:
     fp32 (the softmax is taken in fp32)."""
     torch.manual_seed(0)
     cfg = ModelConfig(kind="mf", n_users=40, n_items=50, factors=8, order_factors=4,
-                      seq_length=6, seq_factors=16, seq_dropout=0.0)  # fmt: skip
+                      sequence_length=6, sequence_factors=16, sequence_dropout=0.0)  # fmt: skip
     model = build_model(cfg)
     seqs = torch.randint(0, 51, (9, 7))
     negatives = torch.randint(0, 50, (20,))

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from ncfcli import backend
-from ncfcli.distributed import env_from_environ
 from ncfcli.errors import NcfError
+from ncfcli.launch.distributed import env_from_environ
 
 _CACHED = (
     "_cupy",

@@ -12,10 +12,10 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
-from ncfcli.baselines import KINDS, BaselineConfig, fit
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_prepared, write_prepared
+from ncfcli.model.baselines import KINDS, BaselineConfig, fit
+from ncfcli.rundir.checkpoint import load_run
 
 runner = CliRunner()
 CPU = get_backend("cpu")

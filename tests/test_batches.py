@@ -10,8 +10,8 @@ import pytest
 from ncfcli.backend import get_backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData, load_prepared
-from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
+from ncfcli.launch.distributed import DistEnv
 
 CPU = get_backend("cpu")
 

@@ -41,7 +41,7 @@ def test_train_help_has_panels_and_the_size_table() -> None:
     assert "[default: (table below)]" in out
     assert "[default: (1e-8)]" in out and "[default: (30)]" in out  # --eps, --als-reg
     assert "--model             mf                neumf         neumf" in out
-    # the table: one row per size-dependent option, values from ncfcli.defaults
+    # the table: one row per size-dependent option, values from ncfcli.training.defaults
     assert "--lr                0.004             0.004         0.0045" in out
     assert "--layers            64-32-16          128-64-32     256-256-128-64" in out
     # hidden aliases stay hidden

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.data import prepare as prepare_mod
+from ncfcli.data import preparation as prepare_mod
 from ncfcli.data.batches import KeyedPermutation, NegativeSampler
 from ncfcli.data.dataset import (
     AGE_ARRAY,
@@ -31,7 +31,7 @@ from ncfcli.data.dataset import (
 )
 from ncfcli.data.raw import RawInteractions
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
-from ncfcli.evaluate import EvalConfig, evaluate
+from ncfcli.serve.evaluation import EvalConfig, evaluate
 from tests._runs import make_run
 from tests.strict_xp import StrictError, no_implicit_numpy, strict, strict_backend
 
@@ -122,7 +122,7 @@ def test_an_epoch_under_cupy_rules_gives_numpys_samples(prepared: dict[str, Path
 def test_evaluation_under_cupy_rules_gives_numpys_metrics(
     prepared: dict[str, Path], tmp_path: Path, full: bool, split: str
 ) -> None:
-    from ncfcli.checkpoint import load_run
+    from ncfcli.rundir.checkpoint import load_run
 
     run = load_run(make_run(prepared["numpy"], tmp_path / "run", seed=2))
     cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full, batch_rows=900, split=split)
@@ -224,8 +224,8 @@ def test_full_ranking_reads_the_device_once(
 ) -> None:
     """Full ranking over 75 chunks of users reads the device once (not once per chunk: a GPU
     sync each), and ranks exactly as `masked_scores` + `masked_ranks` do chunk by chunk."""
-    from ncfcli.checkpoint import load_run
-    from ncfcli.metrics import full_ranks, masked_ranks, masked_scores
+    from ncfcli.rundir.checkpoint import load_run
+    from ncfcli.scoring.metrics import full_ranks, masked_ranks, masked_scores
 
     model = load_run(make_run(prepared_dir, tmp_path / "run", seed=4)).model.eval()
     data = load_prepared(prepared_dir, CPU)
@@ -260,9 +260,9 @@ def test_training_under_cupy_rules_gives_numpys_run(
     evaluation set; with an order term, the previous items and contexts) with the strict
     module: the same losses and metrics as with NumPy."""
     from ncfcli import train as train_mod
-    from ncfcli.distributed import DistEnv
-    from ncfcli.train import loop as train_loop
-    from ncfcli.train import shard as train_shard
+    from ncfcli.launch.distributed import DistEnv
+    from ncfcli.training import loop as train_loop
+    from ncfcli.training import shard as train_shard
 
     def run(out: Path) -> list[dict[str, Any]]:
         cfg = train_mod.TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu",

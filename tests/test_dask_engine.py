@@ -108,7 +108,7 @@ def test_spills_on_two_million_rows(tmp_path: Path) -> None:
 
     from ncfcli.backend import get_backend
     from ncfcli.data.config import PrepareConfig
-    from ncfcli.data.prepare import prepare
+    from ncfcli.data.preparation import prepare
 
     backend = get_backend("cpu")
     common = {"source": "synthetic", "users": 20_000, "items": 5_000, "interactions": 2_000_000,
@@ -132,7 +132,7 @@ def test_local_workers_never_pause_and_give_freed_memory_back(tmp_path: Path) ->
     its C environment (a forked worker's is the fork server's, as /proc shows it)."""
     from ncfcli.backend import get_backend
     from ncfcli.data.config import PrepareConfig
-    from ncfcli.data.dask_cluster import client_for
+    from ncfcli.data.engines.cluster import client_for
 
     def look(dask_worker: Any) -> tuple[Any, list[bytes]]:
         with open("/proc/self/environ", "rb") as f:

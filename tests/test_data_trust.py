@@ -136,7 +136,7 @@ def _no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     def started(*_a: Any, **_k: Any) -> Any:
         raise AssertionError("a Dask cluster was started")
 
-    monkeypatch.setattr("ncfcli.data.engine_dask.client_for", started)
+    monkeypatch.setattr("ncfcli.data.engines.dask.client_for", started)
 
 
 @needs_dask
@@ -159,7 +159,7 @@ def test_a_memory_limit_below_one_block_is_refused_at_once(tmp_path: Path, limit
 @needs_dask
 def test_the_minimum_counts_the_largest_block(tmp_path: Path) -> None:
     from ncfcli.data.blocks import Block
-    from ncfcli.data.dask_cluster import TEXT_PEAK_PER_BYTE, WORKER_BYTES, minimum_memory
+    from ncfcli.data.engines.cluster import TEXT_PEAK_PER_BYTE, WORKER_BYTES, minimum_memory
 
     blocks = [Block("csv", "a.csv", 0, 1000), Block("csv", "a.csv", 1000, 64 << 20)]
     cpu = minimum_memory(blocks, None, get_backend("cpu"))
@@ -196,7 +196,7 @@ def _stand_in_dask_cuda(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> 
 
 
 def _cuda_client(tmp_path: Path, workers: int | None = None) -> None:
-    from ncfcli.data.dask_cluster import client_for
+    from ncfcli.data.engines.cluster import client_for
 
     config = PrepareConfig(source="synthetic", engine="dask", workers=workers)
     with client_for(config, Backend("cuda", np, 0), tmp_path, 2 << 30):
@@ -244,7 +244,7 @@ def test_more_workers_than_visible_gpus_is_refused_before_the_cluster(
 def test_visible_gpus_reads_the_list_as_dask_cuda_does(monkeypatch: pytest.MonkeyPatch,
                                                       listed: str, n: int) -> None:  # fmt: skip
     """CUDA_VISIBLE_DEVICES="" hides every GPU (a CPU-only job step), not one named ''."""
-    from ncfcli.data.dask_cluster import visible_gpus
+    from ncfcli.data.engines.cluster import visible_gpus
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
     assert visible_gpus() == n
@@ -256,7 +256,7 @@ def test_a_gpu_workers_task_does_not_load_torch(tmp_path: Path,
     for it) in every worker, whose memory limit is small; the task needs CuPy alone."""
     import ncfcli.backend as backend_module
     from ncfcli.data.buckets import SplitRules
-    from ncfcli.data.engine_dask import split_write
+    from ncfcli.data.engines.dask import split_write
 
     used: list[int] = []
     cupy = types.SimpleNamespace(
@@ -300,11 +300,13 @@ def test_auto_compares_with_host_memory_where_parsing_is_on_the_host(
 ) -> None:
     """G10: with --device cuda and no cuDF the file is parsed on the host, so the input must
     fit the host's free memory too, not only the GPU's."""
-    from ncfcli.data.engines import choose_engine
+    from ncfcli.data.engines.choose import choose_engine
 
     monkeypatch.setattr("ncfcli.backend.cudf_installed", lambda: cudf)
     monkeypatch.setattr("ncfcli.backend.host_available_bytes", lambda: 1 << 30)  # 1 GiB
-    monkeypatch.setattr("ncfcli.data.engines.estimate_rows", lambda config: 20_000_000)  # 2 GB
+    monkeypatch.setattr(
+        "ncfcli.data.engines.choose.estimate_rows", lambda config: 20_000_000
+    )  # 2 GB
     config = PrepareConfig(source="ratings.csv")
     engine, why = choose_engine(config, _Backend(gpu_free=80 << 30))
     if cudf:  # parsed on the GPU: 80 GiB free there
@@ -517,7 +519,7 @@ def test_the_dask_engine_drops_the_items_only_dropped_users_had(
 def test_spilled_bytes_are_not_measured_where_the_worker_store_does_not_count_them() -> None:
     """G6: dask-cuda's worker store (DeviceHostFile) has no cumulative_metrics: its spilled
     bytes read 0, "nothing spilled", though it may have spilled; now None, not measured."""
-    from ncfcli.data.dask_cluster import worker_stats
+    from ncfcli.data.engines.cluster import worker_stats
 
     counting = types.SimpleNamespace(cumulative_metrics={("disk-write", "bytes"): 3e6})
     device_host_file = types.SimpleNamespace()  # no cumulative_metrics

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from ncfcli import distributed
-from ncfcli.distributed import DistEnv, env_from_environ, first_slurm_host, slurm_master
 from ncfcli.errors import NcfError
+from ncfcli.launch import distributed
+from ncfcli.launch.distributed import DistEnv, env_from_environ, first_slurm_host, slurm_master
 
 
 def test_no_variables_is_one_process() -> None:

@@ -13,9 +13,9 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_prepared
+from ncfcli.rundir.checkpoint import load_run
 from tests._runs import make_run, rewrite_dataset, small_dataset
 
 runner = CliRunner()

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from ncfcli import metrics
-from ncfcli.baselines import Baseline, BaselineConfig
-from ncfcli.metrics import (
+from ncfcli.model.baselines import Baseline, BaselineConfig
+from ncfcli.model.neumf import build_model
+from ncfcli.scoring import metrics
+from ncfcli.scoring.metrics import (
     budget_rows,
     chunk_users,
     full_ranks,
@@ -25,7 +26,6 @@ from ncfcli.metrics import (
     positive_ranks,
     sampled_ranks,
 )
-from ncfcli.model import build_model
 
 N_USERS, N_ITEMS = 23, 37
 
@@ -192,7 +192,7 @@ def test_chunks_follow_the_memory_budget(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_eval_defaults_to_the_budget() -> None:
     """`ncf eval` without --eval-batch sizes chunks by the device's budget, not 2^16 pairs:
     about 700 users of a 24k-item catalogue on a CPU."""
-    from ncfcli.evaluate import rows_for
+    from ncfcli.serve.evaluation import rows_for
 
     class CPU:
         is_cuda = False

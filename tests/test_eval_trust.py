@@ -26,14 +26,16 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
-from ncfcli import distributed, metrics
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_prepared
-from ncfcli.distributed import DistEnv
-from ncfcli.evaluate import EvalConfig, evaluate
-from ncfcli.metrics import (
+from ncfcli.launch import distributed
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
+from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring import metrics
+from ncfcli.scoring.metrics import (
     budget_rows,
     context_length,
     full_ranks,
@@ -41,10 +43,10 @@ from ncfcli.metrics import (
     metric_sums,
     sampled_ranks,
     sums_to_metrics,
-    uses_order,
+    takes_context,
 )
-from ncfcli.model import ModelConfig, build_model
-from ncfcli.train.config import TrainConfig
+from ncfcli.serve.evaluation import EvalConfig, evaluate
+from ncfcli.training.config import TrainConfig
 from tests._runs import make_run
 
 CPU = get_backend("cpu")
@@ -124,7 +126,7 @@ def test_a_nan_positive_is_a_miss_at_every_k_in_the_sampled_protocol() -> None:
 
 class TwoRanks:
     """A fake two-rank group: each rank runs in its own thread, and `all_reduce_sum` (patched
-    over ncfcli.distributed's, which evaluation calls) returns the sum of both ranks' tensors
+    over ncfcli.launch.distributed's, which evaluation calls) returns the sum of both ranks' tensors
     for each collective, in call order, as torch.distributed's all-reduce does."""
 
     def __init__(self) -> None:
@@ -177,7 +179,7 @@ def test_training_full_ranking_sums_over_ranks_equal_one_process(
 ) -> None:
     """--select-metric full-hr@10 on 2 ranks: each ranks its half of the users; the reduced
     sums are one process's, bit for bit (as the sampled ones)."""
-    from ncfcli.train.evaluation import eval_sets, evaluate_split
+    from ncfcli.training.validation import eval_sets, evaluate_split
 
     data = load_prepared(prepared_dir, CPU)
     model = load_run(make_run(prepared_dir, tmp_path / "run")).model
@@ -223,7 +225,7 @@ def test_a_tie_between_epochs_goes_to_the_earlier_one(
 ) -> None:
     """The real `ncf train` with the validation figures fixed: best.pt, the run's report and
     `ncf inspect`'s re-pick from metrics.jsonl all name epoch 2, not 3."""
-    from ncfcli.train import evaluation
+    from ncfcli.training import validation as evaluation
 
     figures = iter(TIED)
 
@@ -275,7 +277,7 @@ def _ncf(**kw: Any) -> torch.nn.Module:
 
 
 def _baseline(kind: str) -> torch.nn.Module:
-    from ncfcli.baselines import Baseline, BaselineConfig
+    from ncfcli.model.baselines import Baseline, BaselineConfig
 
     gen = torch.Generator().manual_seed(0)
     if kind == "als":
@@ -293,7 +295,7 @@ MODELS = {
     "gmf-128": lambda: _ncf(kind="gmf", factors=128),
     "neumf-order": lambda: _ncf(kind="neumf", factors=64, order_factors=64),
     "mlp-one-size": lambda: _ncf(kind="mlp", layers=(256,)),
-    "sequence": lambda: _ncf(kind="gmf", factors=16, seq_length=30, seq_factors=64),
+    "sequence": lambda: _ncf(kind="gmf", factors=16, sequence_length=30, sequence_factors=64),
     "als-128": lambda: _baseline("als"),
     "ease": lambda: _baseline("ease"),
 }
@@ -309,7 +311,7 @@ def _context(model: torch.nn.Module) -> torch.Tensor | None:
     gen = torch.Generator().manual_seed(1)
     if context_length(model):  # a window of the latest items, n_items pads
         return torch.randint(0, N_ITEMS + 1, (N_USERS, context_length(model)), generator=gen)
-    return torch.randint(0, N_ITEMS, (N_USERS,), generator=gen) if uses_order(model) else None
+    return torch.randint(0, N_ITEMS, (N_USERS,), generator=gen) if takes_context(model) else None
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -444,7 +446,7 @@ def test_recommend_prices_each_users_work_over_the_catalogue(
     prepared_dir: Path, tmp_path: Path
 ) -> None:
     """`ncf recommend` chunks users by the budget with EASE's dense row per user counted."""
-    from ncfcli.recommend import RecommendConfig, _Scorer
+    from ncfcli.serve.recommendation import RecommendConfig, _Scorer
 
     run = tmp_path / "ease"
     res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--model", "ease",

@@ -18,9 +18,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_id_maps
+from ncfcli.rundir.checkpoint import load_run
 from tests._runs import make_run
 
 onnx = pytest.importorskip("onnx")
@@ -88,7 +88,8 @@ def test_onnxruntime_matches_torch(exported: dict, batch: int) -> None:
 
 def _checkpoint_model(path: Path) -> torch.nn.Module:
     """The PyTorch model a checkpoint holds, built here from the file alone."""
-    from ncfcli.model import ModelConfig, build_model
+    from ncfcli.model.config import ModelConfig
+    from ncfcli.model.neumf import build_model
 
     state = torch.load(path, map_location="cpu", weights_only=True)
     model = build_model(ModelConfig.from_dict(state["model_config"]))
@@ -351,9 +352,11 @@ def test_an_empty_folder_becomes_an_export_folder(exported: dict, tmp_path: Path
 def test_a_failed_export_leaves_no_folder_behind(
     exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ncfcli.export
+    import ncfcli.serve.onnx_export
 
-    monkeypatch.setattr(ncfcli.export, "parity", lambda *a, **k: {1: 1.0})  # a disagreement
+    monkeypatch.setattr(
+        ncfcli.serve.onnx_export, "parity", lambda *a, **k: {1: 1.0}
+    )  # a disagreement
     args = ["export", str(exported["run"]), "--onnx", "--out", str(tmp_path / "a" / "b" / "m.onnx"),
             "--triton", str(tmp_path / "repo")]  # fmt: skip
     res = runner.invoke(app, args)

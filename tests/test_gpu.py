@@ -29,7 +29,8 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import ARRAYS, load_prepared
-from ncfcli.model import KINDS, _Gather
+from ncfcli.model.config import KINDS
+from ncfcli.model.layers import _Gather
 
 _GPU = torch.cuda.is_available() and backend_mod.cuda_available()
 pytestmark = [
@@ -197,8 +198,8 @@ def test_dropout_run_resumes_mid_epoch_on_the_gpu(
 ) -> None:
     """Dropout's masks come from the CUDA generator, seeded per step: a run stopped in epoch 2
     and resumed trains like the uninterrupted one (up to CUDA's summation order)."""
-    from ncfcli.checkpoint import load_checkpoint
-    from ncfcli.train import optim as train_optim
+    from ncfcli.rundir.checkpoint import load_checkpoint
+    from ncfcli.training import optim as train_optim
 
     flags = ["--device", "cuda", "--epochs", 3, "--batch-size", 2048, "--dropout", "0.3",
              "--layers", "32,16,8", "--neg-per-pos", 4, "--seed", 4, "-q"]  # fmt: skip

@@ -25,17 +25,18 @@ import torch
 from typer.testing import CliRunner
 
 import ncfcli
-from ncfcli import baselines
 from ncfcli.backend import Backend, get_backend
 from ncfcli.cli import app
 from ncfcli.data import negatives
-from ncfcli.data import prepare as prepare_mod
+from ncfcli.data import preparation as prepare_mod
 from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, load_prepared
 from ncfcli.errors import NcfError, is_device_oom
-from ncfcli.model import ModelConfig, build_model
-from ncfcli.train import device as train_device
-from ncfcli.train import loop as train_loop
-from ncfcli.train import start as train_start
+from ncfcli.model import baselines
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
+from ncfcli.training import device as train_device
+from ncfcli.training import loop as train_loop
+from ncfcli.training import start as train_start
 from tests.strict_xp import no_implicit_numpy, strict, strict_backend
 
 REPO = Path(__file__).resolve().parents[1]

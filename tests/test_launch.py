@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from ncfcli import backend
 from ncfcli.cli import app
 from ncfcli.errors import NcfError
-from ncfcli.launch import (
+from ncfcli.launch.plan import (
     LaunchPlan,
     check_port_free,
     free_port,

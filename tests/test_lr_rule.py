@@ -10,15 +10,15 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.train import (
+from ncfcli.training.config import (
     LR_SCALE_CAP,
     LR_SCALE_POWER,
     LR_SCALE_POWER_ORDER,
     LR_WARMUP_EPOCHS,
     TrainConfig,
     resolve,
-    size_defaults,
 )
+from ncfcli.training.defaults import size_defaults
 
 SMALL_N = 10_000  # the ml-100k tier: tuned at batch 2^14
 REF = size_defaults(SMALL_N)
@@ -73,7 +73,7 @@ def test_the_run_records_the_resolved_lr(prepared_dir: Path, tmp_path: Path) -> 
 
 
 def test_sparse_small_data_gets_stronger_l2_more_epochs_and_nothing_else_changes() -> None:
-    from ncfcli.defaults import SPARSE, SPARSE_PER_USER
+    from ncfcli.training.defaults import SPARSE, SPARSE_PER_USER
 
     dense, sparse = size_defaults(98_000, 943), size_defaults(90_000, 10_000)
     assert dense["l2"] == 1e-3 and dense["epochs"] == 10
@@ -91,7 +91,7 @@ def test_sparse_small_data_gets_stronger_l2_more_epochs_and_nothing_else_changes
 
 
 def test_small_data_halves_the_default_batch_until_an_epoch_has_enough_steps() -> None:
-    from ncfcli.defaults import MIN_BATCH, MIN_STEPS_PER_EPOCH
+    from ncfcli.training.defaults import MIN_BATCH, MIN_STEPS_PER_EPOCH
 
     def steps(n_train: int, cfg: TrainConfig, ranks: int = 1) -> float:
         assert cfg.batch_size is not None and cfg.neg_per_pos is not None
@@ -134,7 +134,7 @@ def test_warmup_ramps_the_lr_from_its_first_step(
     steps of an epoch, so the first step already moves the weights (lr / n, not 0) and the
     ramp ends at the full lr on the last step of epoch 1; metrics.jsonl's rows carry each
     epoch's first and last lr."""
-    from ncfcli.train import optim as train_optim
+    from ncfcli.training import optim as train_optim
 
     trace: list[float] = []
     real_step = train_optim._CpuAdam.step

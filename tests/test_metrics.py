@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from ncfcli.metrics import (
+from ncfcli.scoring.metrics import (
     full_ranks,
     masked_ranks,
     masked_scores,

@@ -8,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from ncfcli.checkpoint import model_from_checkpoint
-from ncfcli.model import ModelConfig, SplitLinear, build_model
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.layers import SplitLinear
+from ncfcli.model.neumf import build_model
+from ncfcli.rundir.checkpoint import model_from_checkpoint
 
 CASES = [
     ("neumf", (16, 8, 4)),

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
 
 SHAPE = {"n_users": 7, "n_items": 11, "factors": 5}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
 
 
 def _model() -> torch.nn.Module:

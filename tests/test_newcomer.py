@@ -111,7 +111,8 @@ def test_mistakes_are_refused_before_torch_loads(prepared_dir: Path, tmp_path: P
 
 def test_train_choices_are_the_configs(prepared_dir: Path) -> None:
     """The early check's lists are TrainConfig's, which checks the same values again."""
-    from ncfcli import baselines, model, train
+    from ncfcli import model, train
+    from ncfcli.model import baselines
 
     assert TRAIN_CHOICES == {"model": model.KINDS + baselines.KINDS, "lr_decay": train.LR_DECAYS,
                              "scaling": train.SCALINGS, "amp_dtype": train.AMP_DTYPES}  # fmt: skip
@@ -151,7 +152,7 @@ def test_a_failed_prepare_prints_only_its_error(tmp_path: Path) -> None:
 
 def test_train_help_names_the_default_model() -> None:
     """Small data trains MF by default: the help's first line says so (not "Train NeuMF")."""
-    from ncfcli.defaults import size_defaults
+    from ncfcli.training.defaults import size_defaults
 
     out = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
     summary = next(ln for ln in out.splitlines() if ln.strip().startswith("Train "))
@@ -169,7 +170,7 @@ def test_the_ctrl_c_hint_runs_as_printed(
 ) -> None:
     """`continue with: ncf train --out RUN --resume` works as printed: --resume finds DATA_DIR
     in the run, and the continued run ends where an uninterrupted one would."""
-    from ncfcli.train import optim as train_optim
+    from ncfcli.training import optim as train_optim
 
     monkeypatch.chdir(tmp_path)
     flags = ["--device", "cpu", "--epochs", "2", "--batch-size", "1024", "--factors", "4",

@@ -21,8 +21,6 @@ from typer.testing import CliRunner
 from ncfcli import api
 from ncfcli.cli import ALIASES, app
 from ncfcli.data.config import PrepareConfig
-from ncfcli.evaluate import EvalConfig
-from ncfcli.export import ExportConfig
 from ncfcli.options import (
     MODEL,
     PANELS,
@@ -36,8 +34,10 @@ from ncfcli.options import (
     spec_of,
     with_options,
 )
-from ncfcli.recommend import RecommendConfig
-from ncfcli.train.config import TrainConfig
+from ncfcli.serve.evaluation import EvalConfig
+from ncfcli.serve.onnx_export import ExportConfig
+from ncfcli.serve.recommendation import RecommendConfig
+from ncfcli.training.config import TrainConfig
 
 COMMANDS = [
     ("prepare", PrepareConfig, api.prepare),

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import load_prepared
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
+from ncfcli.rundir.checkpoint import load_run
 from tests.test_recency import EVENTS, _eras, _prepare, ncf
 
 CPU = get_backend("cpu")

@@ -16,9 +16,9 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import load_prepared
-from ncfcli.defaults import size_defaults
-from ncfcli.recency import PROBE_Z, probe, recency_weights
-from ncfcli.train import TrainConfig, resolve
+from ncfcli.training.config import TrainConfig, resolve
+from ncfcli.training.defaults import size_defaults
+from ncfcli.training.recency import PROBE_Z, probe, recency_weights
 
 runner = CliRunner()
 CPU = get_backend("cpu")

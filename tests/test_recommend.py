@@ -11,12 +11,12 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_id_maps, load_prepared
 from ncfcli.errors import NcfError
-from ncfcli.metrics import full_ranks
-from ncfcli.recommend import dense_users
+from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring.metrics import full_ranks
+from ncfcli.serve.recommendation import dense_users
 from tests._runs import make_run, small_dataset
 
 runner = CliRunner()

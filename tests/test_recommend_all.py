@@ -240,7 +240,7 @@ def test_titles_from_a_zip_and_movies_csv(tmp_path: Path) -> None:
 def test_many_row_groups_give_the_same_table(run_dir: Path, table: dict, tmp_path, monkeypatch):
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("ncfcli.recommend"), "ROW_GROUP", 64)
+    monkeypatch.setattr(importlib.import_module("ncfcli.serve.recommendation"), "ROW_GROUP", 64)
     out = tmp_path / "recs.parquet"
     res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "--out", str(out),
                               "-k", "7", "--eval-batch", "1000"])  # fmt: skip

@@ -12,11 +12,11 @@ import pandas as pd
 import torch
 from typer.testing import CliRunner
 
-from ncfcli import checkpoint as ckpt
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import load_prepared
+from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.rundir.checkpoint import load_run
 
 runner = CliRunner()
 CPU = get_backend("cpu")

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.train import FIXED_ON_RESUME
+from ncfcli.training.config import FIXED_ON_RESUME
 
 runner = CliRunner()
 LR = 0.01

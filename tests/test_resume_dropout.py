@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ncfcli.checkpoint import load_checkpoint
-from ncfcli.train import optim as train_optim
+from ncfcli.rundir.checkpoint import load_checkpoint
+from ncfcli.training import optim as train_optim
 from tests.test_train import SMALL, ctrl_c_in_epoch_2, ncf, scores
 
 

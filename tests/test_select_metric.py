@@ -1,5 +1,5 @@
 """`--select-metric`: what validation chooses an epoch, a baseline's grid point and a tune's trial
-by (ncfcli/train/evaluation.py, ncfcli/tune/report.py), on the tiny prepared dataset."""
+by (ncfcli/training/validation.py, ncfcli/tuning/report.py), on the tiny prepared dataset."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from ncfcli.backend import get_backend
 from ncfcli.data.dataset import load_prepared, read_arrays
 from ncfcli.errors import NcfError
-from ncfcli.train import TrainConfig
-from ncfcli.train import evaluation as train_evaluation
+from ncfcli.training import validation as train_evaluation
+from ncfcli.training.config import TrainConfig
 from tests.test_train import SMALL, metrics, ncf, one_error_line
 
 
@@ -143,8 +143,8 @@ def test_tune_ranks_trials_by_the_metric_and_keeps_it(prepared_dir: Path, tmp_pa
     assert report["best"]["number"] == top["number"]
     assert report["best"]["validation"]["full-ndcg@10"] == top["value"]
     # Pruning compares the metric epoch by epoch: a trial's best epoch is its value.
-    from ncfcli.tune.config import TuneConfig
-    from ncfcli.tune.search import open_study
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.search import open_study
 
     study = open_study(out, TuneConfig(data_dir=".", trials=1))
     trained = [t for t in study.get_trials() if t.intermediate_values and t.value is not None]

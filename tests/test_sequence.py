@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from ncfcli.backend import get_backend
-from ncfcli.checkpoint import load_run
 from ncfcli.data.dataset import load_prepared
 from ncfcli.data.sequences import SequenceBatches
-from ncfcli.distributed import DistEnv
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
 from ncfcli.model.sequence import Sequence
+from ncfcli.rundir.checkpoint import load_run
 from tests.test_order import one_error_line, train
 from tests.test_recency import EVENTS, _eras, _prepare, ncf
 
@@ -54,10 +55,10 @@ def test_histories_and_windows_on_a_hand_made_history(tmp_path: Path) -> None:
         assert data.context(split, np).tolist() == window[:, -1].tolist()
 
 
-def _model(seq_weight: float = 1.0, order: int = 8, kind: str = "mf") -> Any:
+def _model(sequence_weight: float = 1.0, order: int = 8, kind: str = "mf") -> Any:
     torch.manual_seed(0)
     cfg = ModelConfig(kind=kind, n_users=7, n_items=11, factors=8, layers=(8, 4),
-                      order_factors=order, seq_length=4, seq_factors=8, seq_weight=seq_weight)  # fmt: skip
+                      order_factors=order, sequence_length=4, sequence_factors=8, sequence_weight=sequence_weight)  # fmt: skip
     return build_model(cfg).eval()
 
 
@@ -99,7 +100,7 @@ def test_every_item_of_the_window_is_read_and_the_order_term_reads_its_last() ->
         # Without the sequence term's share the rest is the model with the order term alone.
         model.sequence.scale.zero_()
         alone = build_model(ModelConfig(**{**model.cfg.to_dict(), "layers": (8, 4),
-                                           "seq_length": 0})).eval()  # fmt: skip
+                                           "sequence_length": 0})).eval()  # fmt: skip
         alone.load_state_dict({k: v for k, v in model.state_dict().items()
                                if not k.startswith("sequence.")})  # fmt: skip
         assert torch.allclose(model.score_all(users, window), alone.score_all(users, window[:, -1]))
@@ -127,7 +128,7 @@ def test_calibrate_sets_the_terms_share_from_the_spreads(
     monkeypatch.setattr(neumf, "CALIBRATE_PAIRS", pairs)
     users, window = torch.arange(7), _windows(7)
     for weight in (1.0, 2.5):
-        model = _model(seq_weight=weight)
+        model = _model(sequence_weight=weight)
         model.train()
         model.calibrate(users, window)
         assert model.training  # left as it was
@@ -260,7 +261,7 @@ def test_export_serves_the_window_and_the_session_graph_takes_one(
 ) -> None:
     ort = pytest.importorskip("onnxruntime")
     onnx = pytest.importorskip("onnx")
-    import ncfcli.onnx_graph as onnx_graph
+    import ncfcli.serve.onnx_graph as onnx_graph
 
     # The graph's states are computed STATE_USERS users at a time: 64 here, so that this
     # dataset's 400 users span 7 chunks and every chunk past the first is checked below against
@@ -280,7 +281,7 @@ def test_export_serves_the_window_and_the_session_graph_takes_one(
     run = load_run(seq_run, "cpu")
     model, data = run.model.eval(), load_prepared(eras, CPU)
     tables = {tuple(init.dims): init.data_type for init in onnx.load(str(out)).graph.initializer}
-    width = model.cfg.seq_factors
+    width = model.cfg.sequence_factors
     assert tables.get((data.n_users, width)) == onnx.TensorProto.FLOAT
     assert (data.n_users, WINDOW) not in tables
     # Its logits are the model's on each user's latest WINDOW items, every user and item.

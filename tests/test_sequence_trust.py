@@ -26,8 +26,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ncfcli.backend import get_backend
 from ncfcli.data.dataset import load_prepared
 from ncfcli.data.sequences import SequenceBatches
-from ncfcli.distributed import DistEnv
-from ncfcli.model import ModelConfig, build_model
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.model.config import ModelConfig
+from ncfcli.model.neumf import build_model
 from ncfcli.model.sequence import Block, Sequence
 
 CPU = get_backend("cpu")
@@ -153,7 +154,7 @@ def batches(eras: Path) -> SequenceBatches:
 def _seq_model(n_users: int, n_items: int) -> Any:
     torch.manual_seed(0)
     return build_model(ModelConfig(kind="mf", n_users=n_users, n_items=n_items, factors=8,
-                                   order_factors=8, seq_length=LENGTH, seq_factors=8))  # fmt: skip
+                                   order_factors=8, sequence_length=LENGTH, sequence_factors=8))  # fmt: skip
 
 
 def test_a_training_step_with_the_term_syncs_nothing_with_the_host(
@@ -163,8 +164,8 @@ def test_a_training_step_with_the_term_syncs_nothing_with_the_host(
     with its L2, and the term's loss on the step's sequences), 5 steps of an epoch."""
     import contextlib
 
-    from ncfcli.train.config import TrainConfig
-    from ncfcli.train.optim import _step_gradients
+    from ncfcli.training.config import TrainConfig
+    from ncfcli.training.optim import _step_gradients
 
     model = _seq_model(batches.n_users, batches.n_items).train()
     g = torch.Generator().manual_seed(0)
@@ -282,14 +283,14 @@ def test_shard_users_turns_the_default_term_off_with_a_note(bucketed: Path, tmp_
 def test_an_explicit_term_with_shard_users_is_refused_before_any_rank_starts(
     bucketed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ncfcli.launch
+    import ncfcli.launch.plan
     from tests.test_order import one_error_line
     from tests.test_recency import ncf
 
     def no_launch(*args: Any, **kwargs: Any) -> int:
         raise AssertionError("ranks were started")
 
-    monkeypatch.setattr(ncfcli.launch, "launch_train", no_launch)
+    monkeypatch.setattr(ncfcli.launch.plan, "launch_train", no_launch)
     msg = one_error_line(ncf("train", bucketed, "--nproc", "2", "--shard", "users",
                              "--sequence-length", "4", "--out", tmp_path / "r"))  # fmt: skip
     assert "--sequence-length 4 with --shard users" in msg and "--shard none" in msg
@@ -316,7 +317,7 @@ def test_a_window_longer_than_every_history_is_capped_before_training(
                              env={"COLUMNS": "300"})  # fmt: skip
     assert res.exit_code == 0, res.output
     config = json.loads((run / "config.json").read_text())
-    assert config["model"]["seq_length"] == 10 == config["train"]["sequence_length"]
+    assert config["model"]["sequence_length"] == 10 == config["train"]["sequence_length"]
     assert config["sequence_note"] == "100000 capped at the longest history"
     row = [line for line in res.output.splitlines() if "sequence term" in line]
     assert len(row) == 1 and "latest 10 items (100000 capped at the longest history)" in row[0]
@@ -325,7 +326,7 @@ def test_a_window_longer_than_every_history_is_capped_before_training(
                                    "2", "--out", str(run), "--device", "cpu", "--resume", "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     config = json.loads((run / "config.json").read_text())
-    assert config["model"]["seq_length"] == 10 and config["resumes"][0]["changed"] == {
+    assert config["model"]["sequence_length"] == 10 and config["resumes"][0]["changed"] == {
         "epochs": [1, 2]
     }
     assert config["sequence_note"] == "100000 capped at the longest history"
@@ -334,8 +335,8 @@ def test_a_window_longer_than_every_history_is_capped_before_training(
 def test_the_cap_is_the_longest_history_exactly(eras: Path) -> None:
     """A window as long as the longest history is kept as asked; one item longer is capped at
     it (`eras`' users have at most 10 training items)."""
-    from ncfcli.train.config import TrainConfig
-    from ncfcli.train.start import sequence_window
+    from ncfcli.training.config import TrainConfig
+    from ncfcli.training.start import sequence_window
 
     data = load_prepared(eras, CPU)
     for asked, want, note in ((10, 10, None), (11, 10, "11 capped at the longest history"),
@@ -348,7 +349,7 @@ def test_the_cap_is_the_longest_history_exactly(eras: Path) -> None:
 def test_a_resume_keeps_its_window_only_where_it_was_capped(eras: Path) -> None:
     """--resume with the window a capped run was asked for is no change; any other longer
     window is one (a run that trained at 8 of the 10 items is not 'capped' at 9)."""
-    from ncfcli.train.start import _as_capped
+    from ncfcli.training.start import _as_capped
 
     data = load_prepared(eras, CPU)
     assert _as_capped(100000, {"sequence_length": 10}, data, CPU) == 10
@@ -362,7 +363,7 @@ def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(
     """A failure before the first checkpoint removes the run it began (nothing there can be
     resumed), so the same command trains again without --overwrite; a run folder such a
     failure left behind by a kill (config.json, no checkpoint) is replaced as well."""
-    import ncfcli.train.loop as loop
+    import ncfcli.training.loop as loop
     from tests.test_recency import ncf
 
     run = tmp_path / "run"

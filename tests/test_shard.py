@@ -21,11 +21,11 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import load_prepared, read_meta
-from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
-from ncfcli.train import shard
-from ncfcli.train.config import TrainConfig
-from ncfcli.train.evaluation import eval_sets
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.training import shard
+from ncfcli.training.config import TrainConfig
+from ncfcli.training.validation import eval_sets
 
 CPU = get_backend("cpu")
 TINY = ["--factors", "8", "--batch-size", "512", "--lr", "0.01", "--seed", "3",

@@ -111,7 +111,7 @@ def test_every_candidate_position_gets_its_share(avail: int, n_neg: int) -> None
 def test_samples_per_second_counts_the_samples_trained(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ncfcli.train import loop as train_loop
+    from ncfcli.training import loop as train_loop
 
     ticks = [0.0]
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ncfcli.checkpoint import load_checkpoint, load_run
 from ncfcli.cli import app
 from ncfcli.data.dataset import read_arrays
-from ncfcli.train import evaluation as train_evaluation
-from ncfcli.train import optim as train_optim
+from ncfcli.rundir.checkpoint import load_checkpoint, load_run
+from ncfcli.training import optim as train_optim
+from ncfcli.training import validation as train_evaluation
 from tests.conftest import _tiny_prepared
 
 runner = CliRunner()

@@ -1,6 +1,6 @@
 """Training is a package whose files name the steps: `pytest tests/test_train_package.py`.
 
-Its options (ncfcli/train/config.py) load without torch, so the CLI and the Python API can read
+Its options (ncfcli/training/config.py) load without torch, so the CLI and the Python API can read
 and check them before torch loads; the names config.py keeps for that stay those of the modules
 that use them with torch.
 """
@@ -17,8 +17,8 @@ def test_the_options_load_and_check_without_torch() -> None:
         """
         import sys
         from ncfcli.errors import NcfError
-        from ncfcli.train import FIXED_ON_RESUME, TrainConfig, resolve, tunables
-        from ncfcli.train.config import TrainConfig as same
+        from ncfcli.training.config import FIXED_ON_RESUME, TrainConfig, resolve, tunables
+        from ncfcli.training.config import TrainConfig as same
 
         assert same is TrainConfig and "seed" in FIXED_ON_RESUME
         cfg = TrainConfig(data_dir="data", model="ease", ease_lambda=10.0)
@@ -39,8 +39,10 @@ def test_the_options_load_and_check_without_torch() -> None:
 
 
 def test_the_kinds_config_checks_are_the_models() -> None:
-    from ncfcli import baseline_options, baselines, model
-    from ncfcli.train import config
+    from ncfcli import model
+    from ncfcli.model import baselines
+    from ncfcli.model import kinds as baseline_options
+    from ncfcli.training import config
 
     assert config.KINDS == model.KINDS
     assert config.baselines is baseline_options
@@ -49,9 +51,12 @@ def test_the_kinds_config_checks_are_the_models() -> None:
 
 
 def test_the_package_names_what_callers_import() -> None:
-    import ncfcli.train
-    from ncfcli.train import KS, TrainResult, default_run_dir, loop, run, train
+    import ncfcli.training
+    from ncfcli.training import loop, run
+    from ncfcli.training.loop import train
+    from ncfcli.training.run import TrainResult, default_run_dir
+    from ncfcli.training.validation import KS
 
     assert train is loop.train and TrainResult is run.TrainResult
     assert default_run_dir is run.default_run_dir and KS == (10,)
-    assert ncfcli.train.TrainConfig is ncfcli.train.config.TrainConfig
+    assert ncfcli.training.config.TrainConfig is ncfcli.training.config.TrainConfig

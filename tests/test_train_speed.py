@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ncfcli.data.dataset import read_arrays
-from ncfcli.train import evaluation as train_evaluation
-from ncfcli.train import optim as train_optim
+from ncfcli.training import optim as train_optim
+from ncfcli.training import validation as train_evaluation
 from tests.test_train import SMALL, ctrl_c_in_epoch_2, metrics, ncf
 
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.tune.search import spent
+from ncfcli.tuning.search import spent
 
 pytest.importorskip("optuna")
 
@@ -39,8 +39,8 @@ def _report(tune_dir: Path) -> dict:
 
 
 def _study(tune_dir: Path):  # noqa: ANN202
-    from ncfcli.tune.config import TuneConfig
-    from ncfcli.tune.search import open_study
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.search import open_study
 
     return open_study(tune_dir, TuneConfig(data_dir=".", trials=1))
 
@@ -80,7 +80,7 @@ def test_a_stopped_tune_resumes_where_it_stopped(data: Path, tmp_path: Path) -> 
     first = {t.number: t.params for t in _study(out).get_trials()}
     # A new study starts from `ncf train`'s defaults for this dataset.
     from ncfcli.data.dataset import read_meta
-    from ncfcli.tune.space import default_params
+    from ncfcli.tuning.space import default_params
 
     assert first[0] == default_params(("mf", "pop"), read_meta(data)) and first[0]["model"] == "mf"
     # A process killed mid-trial leaves it RUNNING; the next tune marks it failed, not running.
@@ -145,7 +145,7 @@ def test_what_ncf_tune_refuses(data: Path, tmp_path: Path) -> None:
 
 def test_budget_durations() -> None:
     from ncfcli.errors import NcfError
-    from ncfcli.tune.config import parse_duration
+    from ncfcli.tuning.config import parse_duration
 
     assert [parse_duration(t) for t in ("20m", "1h30m", "90s", "900", "0.5h")] == [
         1200.0, 5400.0, 90.0, 900.0, 1800.0]  # fmt: skip
@@ -170,7 +170,7 @@ def test_the_table_and_plot_are_written_under_this_process_own_temporary_names(
     """Processes sharing a study each write trials.csv and validation.png at the end: with one
     temporary name for all, one process's rename took the file from under the other's
     (FileNotFoundError, seen in test_two_processes_share_one_study). Each uses its own now."""
-    from ncfcli.tune import report
+    from ncfcli.tuning import report
 
     moved: list[str] = []
     real = os.replace

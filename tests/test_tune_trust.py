@@ -51,8 +51,8 @@ def slower(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _study(tune_dir: Path) -> Any:
-    from ncfcli.tune.config import TuneConfig
-    from ncfcli.tune.search import open_study
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.search import open_study
 
     return open_study(tune_dir, TuneConfig(data_dir=".", trials=1))
 
@@ -149,7 +149,7 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
     """The default trial (trial 0) cut by Ctrl-C: the tune stops with the `ncf tune` line (not
     the trial's `ncf train --resume`, whose folder the tune removes), and the next invocation
     runs trial 0's settings again before drawing new ones."""
-    import ncfcli.train.loop as loop
+    import ncfcli.training.loop as loop
     from ncfcli.errors import NcfError
 
     real = loop.train
@@ -193,7 +193,7 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
 def test_ctrl_c_while_the_chosen_run_is_tested_prints_the_command_too(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ncfcli.tune import report
+    from ncfcli.tuning import report
 
     real = report.finish
 
@@ -224,7 +224,7 @@ def test_the_budget_and_time_used_count_every_invocation_whole(
     start plus what the others left, and the time used it reports is every second so far."""
     import ncfcli
     from ncfcli.errors import NcfError
-    from ncfcli.tune import report, run, search
+    from ncfcli.tuning import report, run, search
 
     clock = FakeClock()
     monkeypatch.setattr(search, "clock", clock)
@@ -279,8 +279,8 @@ def test_the_budget_and_time_used_count_every_invocation_whole(
 def test_a_baseline_fit_that_cannot_end_by_the_deadline_is_not_started(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ncfcli import baselines
-    from ncfcli.tune import cost, search
+    from ncfcli.model import baselines
+    from ncfcli.tuning import cost, search
 
     monkeypatch.setattr(search, "clock", FakeClock())  # 100 s left all along
     fitted: list[str] = []
@@ -308,7 +308,7 @@ def test_a_baseline_fit_that_cannot_end_by_the_deadline_is_not_started(
 def test_a_trials_error_is_one_line_and_the_search_goes_on(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ncfcli import baselines
+    from ncfcli.model import baselines
 
     def broken(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the fit broke\nsecond line of its message")
@@ -329,8 +329,8 @@ def test_trials_that_all_fail_end_the_search_in_one_line(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--trials counts trials that ended: with every trial failing it would never be reached."""
-    from ncfcli import baselines
-    from ncfcli.tune.search import FAILS_IN_A_ROW
+    from ncfcli.model import baselines
+    from ncfcli.tuning.search import FAILS_IN_A_ROW
 
     calls: list[int] = []
 
@@ -353,7 +353,7 @@ def test_trials_that_all_fail_end_the_search_in_one_line(
 
 def test_a_kind_without_settings_runs_once_per_study(data: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from ncfcli import baselines
+    from ncfcli.model import baselines
 
     fits: list[str] = []
     real_fit = baselines.fit
@@ -416,8 +416,8 @@ def test_quiet_prints_no_trial_lines(data: Path, tmp_path: Path,
 
 
 def test_a_pruned_trial_says_so_with_its_epoch() -> None:
-    from ncfcli.tune.config import TuneConfig
-    from ncfcli.tune.search import Progress, Stop
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.search import Progress, Stop
 
     study = optuna.create_study(direction="maximize")
     dist = {"model": optuna.distributions.CategoricalDistribution(["mf"])}
@@ -433,8 +433,8 @@ def test_a_worker_whose_parent_is_gone_stops_after_its_trial(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A --jobs worker is its own process group: a parent killed outright leaves it running."""
-    from ncfcli.tune import search
-    from ncfcli.tune.config import TuneConfig
+    from ncfcli.tuning import search
+    from ncfcli.tuning.config import TuneConfig
 
     class Study:
         stopped = 0
@@ -461,7 +461,7 @@ def test_a_worker_whose_parent_is_gone_stops_after_its_trial(
 
 
 def test_ties_between_trials_go_to_the_earlier_trial() -> None:
-    from ncfcli.tune.search import best_trial
+    from ncfcli.tuning.search import best_trial
 
     study = optuna.create_study(direction="maximize")
     dist = {"model": optuna.distributions.CategoricalDistribution(["mf", "pop"])}
@@ -476,7 +476,7 @@ def test_ties_between_trials_go_to_the_earlier_trial() -> None:
 
 
 def test_a_live_process_trial_is_left_running_and_a_dead_one_failed(tmp_path: Path) -> None:
-    from ncfcli.tune.search import fail_stale
+    from ncfcli.tuning.search import fail_stale
 
     study = optuna.create_study(direction="maximize")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -497,7 +497,7 @@ def test_a_live_process_trial_is_left_running_and_a_dead_one_failed(tmp_path: Pa
 def test_a_second_ctrl_c_changes_nothing() -> None:
     """The first SIGINT during a trial's fit raises at once; one more while the trial cleans up
     must not cut that clean-up (the study's write, the trial's folder) half-way."""
-    from ncfcli.tune.search import Stop
+    from ncfcli.tuning.search import Stop
 
     stop = Stop()
     stop.armed = True
@@ -515,7 +515,7 @@ def test_a_second_ctrl_c_changes_nothing() -> None:
 
 def test_trials_counts_pruned_trials_as_ended_and_failed_ones_not() -> None:
     """--trials N stops once N trials ended with a result: finished or pruned."""
-    from ncfcli.tune.search import ended
+    from ncfcli.tuning.search import ended
 
     study = optuna.create_study(direction="maximize")
     space = {"x": optuna.distributions.FloatDistribution(0.0, 1.0)}
@@ -529,7 +529,7 @@ def test_trials_counts_pruned_trials_as_ended_and_failed_ones_not() -> None:
 
 def test_time_used_adds_an_older_studys_total_to_every_invocations_own() -> None:
     """A study from before the per-invocation records kept one sum: both count."""
-    from ncfcli.tune.search import INVOCATION, SPENT, spent
+    from ncfcli.tuning.search import INVOCATION, SPENT, spent
 
     study = optuna.create_study(direction="maximize")
     for key, value in ((SPENT, 30.0), (f"{INVOCATION}a:1:1.0", 12.5),
@@ -541,7 +541,7 @@ def test_time_used_adds_an_older_studys_total_to_every_invocations_own() -> None
 def test_a_fit_is_allowed_the_longest_fit_of_its_kind_seen(monkeypatch: pytest.MonkeyPatch) -> None:
     """The estimate is the larger of the operation count at the measured speed and what this
     machine already took for that kind in the study."""
-    from ncfcli.tune import cost
+    from ncfcli.tuning import cost
 
     monkeypatch.setitem(cost._RATE, "cpu", 1e9)
     meta = {"n_items": 400, "n_users": 50, "n_train": 1000}
@@ -555,8 +555,8 @@ def test_a_fit_is_allowed_the_longest_fit_of_its_kind_seen(monkeypatch: pytest.M
 @pytest.mark.parametrize("visible", ["2,3", "GPU-aa11,GPU-bb22", None])
 def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyPatch,
                                                      visible: str | None) -> None:  # fmt: skip
-    from ncfcli.tune import search
-    from ncfcli.tune.config import TuneConfig
+    from ncfcli.tuning import search
+    from ncfcli.tuning.config import TuneConfig
 
     seen: list[tuple[str, str]] = []
     monkeypatch.setattr(search, "_search", lambda cfg, path, worker, deadline, device, *rest:
@@ -574,7 +574,7 @@ def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyP
 
 def test_itemknn_scoring_leaks_no_torch_warning() -> None:
     code = (
-        "import torch; from ncfcli.baselines import _history; "
+        "import torch; from ncfcli.model.baselines import _history; "
         "_history(torch.tensor([0, 2, 3]), torch.tensor([1, 2, 0]), torch.tensor([0, 1]), 4)"
     )
     res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,

@@ -109,8 +109,8 @@ def test_tensorboard_missing_is_one_clear_line(prepared_dir: Path, tmp_path: Pat
 
 
 def test_hyper_text_wraps_within_80_columns() -> None:
-    from ncfcli.defaults import size_defaults
-    from ncfcli.logs import hyper_text
+    from ncfcli.rundir.logs import hyper_text
+    from ncfcli.training.defaults import size_defaults
 
     text = hyper_text({**size_defaults(10**8), "eval_batch": 1 << 20}, 64, "cuda:0 (NVIDIA H200)")
     lines = text.splitlines()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.train.baselines import GRIDS, validation_grid
+from ncfcli.training.baselines import GRIDS, validation_grid
 
 
 def ncf(*args: Any) -> Any:
@@ -87,10 +87,10 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
     value given is kept."""
     from ncfcli.backend import get_backend
     from ncfcli.data.dataset import load_prepared
-    from ncfcli.defaults import ORDER_FACTORS_ON, size_defaults
-    from ncfcli.distributed import DistEnv
-    from ncfcli.train import TrainConfig
-    from ncfcli.train.start import resolve_options
+    from ncfcli.launch.distributed import DistEnv
+    from ncfcli.training.config import TrainConfig
+    from ncfcli.training.defaults import ORDER_FACTORS_ON, size_defaults
+    from ncfcli.training.start import resolve_options
 
     backend = get_backend("cpu")
     second_tier = 300_000

@@ -12,9 +12,9 @@ from ncfcli.cli.app import ALIASES, app, apply_aliases, as_typed, fail, main, us
 # order.
 COMMANDS = ("prepare", "train", "tune", "eval", "export", "recommend", "inspect", "info")
 for _command in COMMANDS:
-    importlib.import_module(f"{__name__}.{_command}")
+    importlib.import_module(f"{__name__}.{_command}_command")
 
-from ncfcli.cli.train import TRAIN_CHOICES  # noqa: E402
+from ncfcli.cli.train_command import TRAIN_CHOICES  # noqa: E402
 
 __all__ = ["ALIASES", "COMMANDS", "TRAIN_CHOICES", "app", "apply_aliases", "as_typed", "fail",
            "main", "user_errors"]  # fmt: skip

@@ -189,7 +189,7 @@ def user_errors(func: F) -> F:
 
 def _version(value: bool) -> None:
     if value:
-        from ncfcli import __version__
+        from ncfcli.version import __version__
 
         sys.stdout.write(f"ncfcli {__version__}\n")
         raise typer.Exit()

@@ -24,7 +24,7 @@ backend:
 
 A resumed run needs no RNG state for its data: epoch e is rebuilt from the seed alone.
 
-A shard (`ncf train --shard users`, ncfcli/train/shard.py) is a rank that holds only its own
+A shard (`ncf train --shard users`, ncfcli/training/shard.py) is a rank that holds only its own
 users' positives: its sampler is made with `common` (the most samples any rank has) and
 `stream` (1 + the shard's first bucket). It permutes its own n_r = n_pos * (1 + neg_per_pos)
 sample ids alone, keyed by (seed, epoch, stream), and every rank takes `common` positions, a
@@ -78,8 +78,8 @@ from typing import Any
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.xops import host_int, sorted_unique
-from ncfcli.distributed import DistEnv
 from ncfcli.errors import NcfError
+from ncfcli.launch.distributed import DistEnv
 
 CHUNK = 1 << 24  # samples built per vectorised pass; bounds temporaries, not a Python row loop
 # A GPU builds the next epoch while training holds its activations, so its temporaries (about
@@ -132,7 +132,7 @@ class NegativeSampler:
     """Builds each epoch's shuffled positives and negatives for one rank, on the device.
 
     `pos_weight` (float32 [n_pos] on the device, or None) is each training positive's weight in
-    the loss; its negatives weigh 1. ncfcli.recency.recency_weights makes it from the ages.
+    the loss; its negatives weigh 1. ncfcli.training.recency.recency_weights makes it from the ages.
     `pos_prev` (int32 [n_pos], or None) is each positive's previous item
     (PreparedData.previous_items); a negative carries its positive's.
     """

@@ -1,5 +1,5 @@
 """The Dask engine's units of reading: blocks of the input, each parsed by the memory engine's
-own code (ncfcli/data/raw.py, values.py); what ncfcli/data/engine_dask.py maps over the workers.
+own code (ncfcli/data/raw.py, values.py); what ncfcli/data/engines/dask.py maps over the workers.
 
 - A text file is cut into byte ranges of whole lines (`NCF_DASK_BLOCK_BYTES`, default 64 MB);
   a bad value names the file and its line in the whole file (the block's first line is counted

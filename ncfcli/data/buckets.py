@@ -2,8 +2,8 @@
 
     python -m pytest tests/test_buckets.py
 
-A bucket is a range of dense user ids [lo, hi). Every engine (ncfcli/data/prepare.py in one
-process, ncfcli/data/engine_dask.py on a Dask cluster) hands each bucket's deduplicated
+A bucket is a range of dense user ids [lo, hi). Every engine (ncfcli/data/preparation.py in one
+process, ncfcli/data/engines/dask.py on a Dask cluster) hands each bucket's deduplicated
 positives to `split_bucket`, which applies steps 5 to 7 of prepare's protocol to those users
 alone: the test item, the validation item, the training ages and the test and validation
 negatives. Nothing in them reads another user: the picks hash (user, item, seed) with global

@@ -1,6 +1,6 @@
 """`ncf prepare`'s options (PrepareConfig): `python -c "import ncfcli.data.config"`.
 
-Kept apart from ncfcli/data/prepare.py so that the CLI builds `ncf prepare`'s options, and checks
+Kept apart from ncfcli/data/preparation.py so that the CLI builds `ncf prepare`'s options, and checks
 them, without loading numpy or the backend (`ncf --help` stays instant).
 """
 

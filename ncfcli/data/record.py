@@ -1,5 +1,5 @@
 """What a prepared dataset records, and where it goes: the same for every engine of
-`ncf prepare` (ncfcli/data/prepare.py in one process, ncfcli/data/engine_dask.py on Dask).
+`ncf prepare` (ncfcli/data/preparation.py in one process, ncfcli/data/engines/dask.py on Dask).
 
     python -c "from ncfcli.data.record import TIE_RULE; print(TIE_RULE)"
 
@@ -91,7 +91,7 @@ def describe(config: PrepareConfig, backend: Any, source: dict[str, Any],
              counts: Counts) -> dict[str, Any]:  # fmt: skip
     """meta.json's descriptive keys, for every engine (finish_dataset adds the format, counts,
     checksums, buckets and fingerprint)."""
-    from ncfcli import __version__
+    from ncfcli.version import __version__
 
     return {
         "n_users_without_validation": counts.n_no_valid,

@@ -1,4 +1,4 @@
-"""NCF models in plain torch: `python -c "from ncfcli.model import build_model; print(build_model({'kind': 'neumf', 'n_users': 10, 'n_items': 20}))"`.
+"""NCF models in plain torch: `python -c "from ncfcli.model.neumf import build_model; print(build_model({'kind': 'neumf', 'n_users': 10, 'n_items': 20}))"`.
 
 Every model maps (users [B] int, items [B] int) -> logits [B] float32; the sigmoid of a logit
 is the predicted probability of an interaction. Ids are dense (as prepared), int32 or int64.
@@ -12,12 +12,13 @@ is the predicted probability of an interaction. Ids are dense (as prepared), int
 
 Any kind may add an order term (`order_factors` > 0, FPMC-style: Rendle et al., 2010): the
 logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before; and
-a sequence term (`seq_length` L > 0, SASRec-style: Kang and McAuley, 2018): scale x <h, E[item]>,
+a sequence term (`sequence_length` L > 0, SASRec-style: Kang and McAuley, 2018): scale x <h, E[item]>,
 h the state of a causal self-attention encoder after the user's latest L items.
 
 One file per part of the paper, each with its equations and tensor shapes:
 
-    config.py   ModelConfig (saved inside every checkpoint) and KINDS
+    kinds.py    the kinds `--model` takes (NCF kinds and baselines), importable without torch
+    config.py   ModelConfig (saved inside every checkpoint)
     gmf.py      GMF: p_u ⊙ q_i                         [B, factors]
     mlp.py      MLP: phi_L(...phi_2([p_u; q_i])...)    [B, layers[-1]]
     order.py    the order term <P[prev], Q[item]>      [B]
@@ -25,6 +26,7 @@ One file per part of the paper, each with its equations and tensor shapes:
     bias.py     MF's b_u + b_i + b                     [B]
     neumf.py    NCF: the towers joined by the head     [B]; score_all [U, n_items]
     layers.py   what they share: tables, the row gather, SplitLinear, ReLU + dropout
+    baselines.py pop, itemknn, EASE and ALS (NumPy/SciPy, implicit), fitted in one go
 
 Each tower has its own user and item tables, and no concatenation is ever materialised: the
 layers that read one (the MLP's first layer, the NeuMF head) are `SplitLinear`s, one weight
@@ -35,19 +37,5 @@ evaluation and export run the plain path (model.eval()), so ONNX sees only stand
 
 Under autocast (`ncf train --amp`) the matrix products run in bf16/fp16 while parameters,
 gradients and `_Gather`'s row sums stay fp32; tests/test_amp.py runs every kind that way on the
-CPU. Scoring for metrics is always fp32 (ncfcli/train, ncfcli/evaluate.py).
+CPU. Scoring for metrics is always fp32 (ncfcli/scoring/metrics.py).
 """
-
-from ncfcli.model.config import KINDS, ModelConfig
-from ncfcli.model.layers import SplitLinear, _Gather
-from ncfcli.model.neumf import NCF, build_model, count_parameters
-
-__all__ = [
-    "KINDS",
-    "NCF",
-    "ModelConfig",
-    "SplitLinear",
-    "_Gather",
-    "build_model",
-    "count_parameters",
-]

@@ -1,5 +1,5 @@
 """The model's architecture, saved inside every checkpoint:
-`python -c "from ncfcli.model import ModelConfig; print(ModelConfig(n_users=3, n_items=4))"`."""
+`python -c "from ncfcli.model.config import ModelConfig; print(ModelConfig(n_users=3, n_items=4))"`."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ class ModelConfig:
     )  # MLP sizes; layers[0] = 2 x MLP embedding
     dropout: float = 0.5  # dropout after each MLP hidden layer
     order_factors: int = 0  # width of the order term's tables (0: no order term)
-    seq_length: int = 0  # latest items the sequence term reads (0: no sequence term)
-    seq_factors: int = 64  # the sequence term's width
-    seq_blocks: int = 2  # its self-attention blocks
-    seq_dropout: float = 0.5  # its dropout (SASRec's for Amazon Beauty; chosen on its validation)
-    seq_weight: float = 1.0  # its share of the score (ncfcli/model/sequence.py: calibrate)
+    sequence_length: int = 0  # latest items the sequence term reads (0: no sequence term)
+    sequence_factors: int = 64  # the sequence term's width
+    sequence_blocks: int = 2  # its self-attention blocks
+    sequence_dropout: float = (
+        0.5  # its dropout (SASRec's for Amazon Beauty; chosen on its validation)
+    )
+    sequence_weight: float = 1.0  # its share of the score (ncfcli/model/sequence.py: calibrate)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -44,15 +46,17 @@ class ModelConfig:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.order_factors < 0:
             raise ValueError(f"--order-factors must be >= 0, got {self.order_factors}")
-        if self.seq_length < 0:
-            raise ValueError(f"--sequence-length must be >= 0, got {self.seq_length}")
+        if self.sequence_length < 0:
+            raise ValueError(f"--sequence-length must be >= 0, got {self.sequence_length}")
         if self.uses_sequence:
-            if self.seq_factors < 1 or self.seq_blocks < 1:
-                raise ValueError(f"--sequence-factors must be >= 1, got {self.seq_factors}")
-            if not 0.0 <= self.seq_dropout < 1.0:
-                raise ValueError(f"the sequence dropout must be in [0, 1), got {self.seq_dropout}")
-            if not self.seq_weight > 0.0:
-                raise ValueError(f"--sequence-weight must be > 0, got {self.seq_weight}")
+            if self.sequence_factors < 1 or self.sequence_blocks < 1:
+                raise ValueError(f"--sequence-factors must be >= 1, got {self.sequence_factors}")
+            if not 0.0 <= self.sequence_dropout < 1.0:
+                raise ValueError(
+                    f"the sequence dropout must be in [0, 1), got {self.sequence_dropout}"
+                )
+            if not self.sequence_weight > 0.0:
+                raise ValueError(f"--sequence-weight must be > 0, got {self.sequence_weight}")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,6 +66,9 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         d = dict(d)
+        for part in ("length", "factors", "blocks", "dropout", "weight"):
+            if f"seq_{part}" in d:  # older checkpoints named the sequence term `seq_*`
+                d[f"sequence_{part}"] = d.pop(f"seq_{part}")
         if "layers" in d:
             d["layers"] = tuple(int(x) for x in d["layers"])
         return cls(**d)
@@ -80,10 +87,10 @@ class ModelConfig:
 
     @property
     def uses_sequence(self) -> bool:
-        return self.seq_length > 0
+        return self.sequence_length > 0
 
     @property
     def takes_context(self) -> bool:
         """Does the model score with a third input: the previous item [B] (the order term), or
-        the latest seq_length items [B, L] (the sequence term; the order term reads its last)?"""
+        the latest sequence_length items [B, L] (the sequence term; the order term reads its last)?"""
         return self.uses_order or self.uses_sequence

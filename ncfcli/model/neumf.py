@@ -79,8 +79,8 @@ class NCF(nn.Module):
         # kinds the weights it always gave.
         self.sequence = None
         if cfg.uses_sequence:
-            self.sequence = Sequence(cfg.n_items, cfg.seq_length, cfg.seq_factors,
-                                     cfg.seq_blocks, cfg.seq_dropout)  # fmt: skip
+            self.sequence = Sequence(cfg.n_items, cfg.sequence_length, cfg.sequence_factors,
+                                     cfg.sequence_blocks, cfg.sequence_dropout)  # fmt: skip
         self._towers()
 
     def _towers(self) -> None:
@@ -177,7 +177,7 @@ class NCF(nn.Module):
         without one): its pointwise loss leaves the sequence term to its own (`sequence_loss`)."""
         cfg = self.cfg
         if cfg.uses_sequence:
-            if prev is not None and prev.dim() == 2 and prev.shape[1] == cfg.seq_length:
+            if prev is not None and prev.dim() == 2 and prev.shape[1] == cfg.sequence_length:
                 return prev
             if (
                 self.training
@@ -186,7 +186,7 @@ class NCF(nn.Module):
             ):
                 return prev
             raise ValueError(f"a model with a sequence term scores (user, item, the user's latest "
-                             f"{cfg.seq_length} items [B, {cfg.seq_length}])")  # fmt: skip
+                             f"{cfg.sequence_length} items [B, {cfg.sequence_length}])")  # fmt: skip
         if prev is not None and prev.dim() != 1:
             raise ValueError("this model has no sequence term: it takes one previous item per row")
         if (prev is not None) != cfg.uses_order:
@@ -237,7 +237,7 @@ class NCF(nn.Module):
 
     @torch.no_grad()
     def calibrate(self, users: torch.Tensor, window: torch.Tensor) -> None:
-        """Set the sequence term's scale to seq_weight x s_kind / s_seq, s being the mean over
+        """Set the sequence term's scale to sequence_weight x s_kind / s_seq, s being the mean over
         `users` [U] (windows [U, L]) of the spread (standard deviation) of each user's scores
         over every item: the kind's (with its order term) and the sequence term's unscaled."""
         if self.sequence is None:
@@ -252,7 +252,7 @@ class NCF(nn.Module):
             spreads[0] += kind.float().std(dim=1).sum()
             spreads[1] += self.sequence.raw_scores(w).float().std(dim=1).sum()
         ratio = float(spreads[0] / spreads[1].clamp_min(1e-12))
-        self.sequence.scale.fill_(self.cfg.seq_weight * ratio)
+        self.sequence.scale.fill_(self.cfg.sequence_weight * ratio)
         self.train(was)
 
     def _pair(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:

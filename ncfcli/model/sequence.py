@@ -17,7 +17,7 @@ L + 1 training items, and every position predicts the next item against `negativ
 uniformly for the step, in one softmax (a sampled softmax, as SASRec's successors train it).
 The kind's loss does not see the term, and the term's loss does not see the kind's tables, so
 the two are fitted side by side by one Adam (the term in its own param group, at a quarter of
-the run's lr: ncfcli/train/optim.py) and scored as one.
+the run's lr: ncfcli/training/optim.py) and scored as one.
 
 `scale` joins them: the two logits are on unrelated scales (a BCE's and a softmax's), so before
 each scoring the model sets scale = weight x s_kind / s_seq (`calibrate`), s being each part's

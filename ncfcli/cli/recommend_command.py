@@ -1,0 +1,137 @@
+"""`ncf recommend RUN_DIR`: its options are RecommendConfig's fields (ncfcli/serve/recommendation.py)
+and whom to recommend for (--user, --users-file, --all-users and its --out)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from ncfcli.cli.app import (
+    ALIASES,
+    NcfCommand,
+    app,
+    device_option,
+    json_option,
+    overwrite_option,
+    quiet_option,
+    run_arg,
+    user_errors,
+)
+from ncfcli.errors import NcfError
+from ncfcli.options import DATA, OUTPUT, aliases, build, with_options
+from ncfcli.serve.recommendation import RecommendConfig
+
+ALIASES["recommend"] = aliases(RecommendConfig)
+
+
+@app.command(cls=NcfCommand)
+@user_errors
+@with_options(RecommendConfig)
+def recommend(
+    options: dict[str, Any],
+    run_dir: str = run_arg(),
+    user: list[str] = typer.Option(
+        None,
+        "--user",
+        "-u",
+        help="Raw user id as in the source data (repeatable).",
+        rich_help_panel=DATA,
+        show_default=False,
+    ),  # fmt: skip
+    users_file: Path | None = typer.Option(
+        None, "--users-file", help="File with one raw user id per line.", rich_help_panel=DATA
+    ),
+    all_users: bool = typer.Option(
+        False,
+        "--all-users",
+        help="Every user of the dataset, into --out (Parquet or CSV).",
+        rich_help_panel=DATA,
+    ),  # fmt: skip
+    device: str = device_option(),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="--all-users: the .parquet or .csv file to write.",
+        rich_help_panel=OUTPUT,
+    ),  # fmt: skip
+    overwrite: bool = overwrite_option("Replace ncf's own earlier --out file (never other files)."),
+    json_out: bool = json_option("One JSON object per user per line: user, items, scores."),
+    quiet: bool = quiet_option("No notes on stderr (unknown users still set the exit status)."),
+) -> None:
+    """Top-K items for raw user ids, excluding what each user interacted with in training
+    (--exclude-seen: anywhere in the dataset).
+
+    Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
+    listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
+    from ncfcli.data.sources import resolve_run
+    from ncfcli.serve.recommendation import read_users_file, run_recommend
+    from ncfcli.ui import err_console, out_console, print_json
+
+    raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
+    cfg = build(RecommendConfig, options)
+    if all_users:
+        _recommend_all(resolve_run(run_dir), raw, cfg, out, overwrite, device, json_out, quiet)
+        return
+    if out is not None:
+        raise NcfError("--out writes --all-users; for chosen users use --json > FILE")
+    recs = run_recommend(resolve_run(run_dir), raw, cfg, device)
+    if recs.note and not quiet:
+        err_console().print(f"note: {recs.note}")
+    if json_out:
+        for r in recs.results:
+            print_json(r)
+    else:
+        _print_lists(out_console(), recs.results)
+    if recs.unknown:
+        if not quiet:
+            sys.stdout.flush()
+            sys.stderr.write(f"warning: {recs.skipped}\n")
+        raise typer.Exit(recs.exit_code)
+
+
+def _print_lists(console: Any, results: list[dict]) -> None:
+    from rich.table import Table
+
+    for r in results:
+        how = " (unknown user: most popular items)" if r.get("fallback") else ""
+        table = Table(title=f"user {r['user']}: top {len(r['items'])}{how}", title_justify="left")
+        table.add_column("rank", justify="right")
+        table.add_column("item")
+        if "titles" in r:
+            table.add_column("title")
+        table.add_column("training count" if how else "score (logit)", justify="right")
+        for i, (item, score) in enumerate(zip(r["items"], r["scores"], strict=True), 1):
+            title = [str(r["titles"][i - 1] or "")] if "titles" in r else []
+            table.add_row(str(i), str(item), *title, f"{score:.0f}" if how else f"{score:.4f}")
+        console.print(table)
+
+
+def _recommend_all(
+    run_dir: Path, raw: list[str], cfg: Any, out: Path | None, overwrite: bool, device: str,
+    json_out: bool, quiet: bool,
+) -> None:  # fmt: skip
+    from ncfcli.serve.recommendation import run_recommend_all
+    from ncfcli.ui import err_console, out_console, print_json, summary_table
+
+    if raw:
+        raise NcfError("--all-users takes no --user or --users-file")
+    if out is None:
+        raise NcfError("--all-users needs --out FILE (.parquet or .csv)")
+    res = run_recommend_all(run_dir, out, cfg, device, overwrite)
+    if res.note and not quiet:
+        err_console().print(f"note: {res.note}")
+    if json_out:
+        print_json({"out": res.out, "users": res.users, "rows": res.rows, "k": res.k,
+                    "titles": res.titles, "seconds": round(res.seconds, 3)})  # fmt: skip
+        return
+    if quiet:
+        return
+    rows: list[tuple[str, Any]] = [("out", res.out), ("users", f"{res.users:,}"),
+                                   ("rows", f"{res.rows:,}"), ("k", res.k),
+                                   ("titles", "yes" if res.titles else "no"),
+                                   ("seconds", f"{res.seconds:.2f}")]  # fmt: skip
+    out_console().print(summary_table("ncf recommend --all-users", rows))

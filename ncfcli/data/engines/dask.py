@@ -1,0 +1,476 @@
+"""The Dask engine of `ncf prepare`: the same dataset as the memory engine, out of core.
+
+    ncf prepare synthetic --rows 2000000 --users 20000 --items 5000 --engine dask --workers 2 \
+--memory-limit 300MiB --out /tmp/syn --device cpu
+
+The memory engine (ncfcli/data/preparation.py, whose docstring is the protocol) holds every row in
+one process. This one holds a block or a bucket per worker of a `distributed` cluster (a local
+one, dask-cuda's with --device cuda, or --scheduler's) and lets the workers spill the rest to
+disk. Its steps, each a set of tasks on futures:
+
+1. read: blocks of the input (byte ranges of a text file cut on newlines, Parquet row groups, or
+   synthetic partitions of users) parsed by the memory engine's own code (raw.read_csv_block,
+   values.py), --min-rating applied; each block reports its distinct raw ids. `--test FILE`
+   (holdout.py) is read on the client and joins as one more block, timed after the latest.
+2. index: the client merges the distinct ids into the sorted id dictionaries (small), so a dense
+   id is the memory engine's; each block maps its ids and cuts its rows into buckets of dense
+   users (buckets.bucket_of): the one shuffle, by hand, one piece per (block, bucket).
+3. dedup: per bucket, the pieces concatenated and deduplicated (index.dedup_sorted); the client
+   gathers the distinct items per user to drop light users (--min-interactions) and the items
+   only they had, and re-indexes both, as prepare._drop_light_users does.
+4. split and write: per bucket, buckets.split_bucket and dataset.write_bucket into the temporary
+   dataset folder; the client finishes it (dataset.finish_dataset) and renames it to --out.
+
+Column-wide rules of values.py (a column of ids is text if any value is; times are scaled by the
+column's longest fraction, and the first value says epoch or ISO) are kept across blocks: each
+block reports what it found, and blocks that disagree are read again as the whole file would be.
+Nothing sorts globally and nothing groups the whole data: a worker holds one block or bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from concurrent.futures import CancelledError, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncfcli.backend import Backend, array_backend, get_backend
+from ncfcli.data import raw, values
+from ncfcli.data.blocks import (
+    Block,
+    Part,
+    ReadSpec,
+    block_bytes,
+    codes,
+    dictionary,
+    first_time_kind,
+    read_block,
+    summarize,
+    text_blocks,
+)
+from ncfcli.data.buckets import SplitRules, TooFewCandidates, bucket_of, default_buckets
+from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.engines.cluster import check_memory, client_for, died, parse_memory, worker_stats
+from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
+from ncfcli.data.index import dedup_sorted
+from ncfcli.errors import NcfError
+
+KILL_BUCKET_ENV = "NCF_DASK_TEST_KILL_BUCKET"  # tests: the worker splitting this bucket dies
+STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl-C's moment)
+_INT64_MAX = (1 << 63) - 1
+
+
+def cut_buckets(part: Part, user_ids: Any, item_ids: Any, n_buckets: int,
+                scale: int) -> list[dict[str, np.ndarray]]:  # fmt: skip
+    """A block's rows with dense pre-drop ids, one piece per bucket of users (the shuffle)."""
+    users = codes(part.user, user_ids)
+    items = codes(part.item, item_ids).astype(np.int32)
+    ts = part.ts
+    if scale != 1:  # a shorter fraction than the column's longest: as values.scaled_times scales
+        if len(ts) and int(np.abs(ts).max()) > _INT64_MAX // scale:
+            raise NcfError("a time does not fit 64 bits at the column's longest fraction")
+        ts = ts * scale
+    bucket = bucket_of(users, len(user_ids), n_buckets, np)
+    order = np.argsort(bucket, kind="stable")
+    cuts = np.searchsorted(bucket[order], np.arange(n_buckets + 1))
+    users32 = users.astype(np.int32)
+    return [{"user": users32[order[a:b]], "item": items[order[a:b]], "ts": ts[order[a:b]]}
+            for a, b in zip(cuts, cuts[1:], strict=False)]  # fmt: skip
+
+
+def _piece(pieces: list[dict[str, np.ndarray]], b: int) -> dict[str, np.ndarray]:
+    return pieces[b]
+
+
+def dedup_bucket(lo: int, hi: int, n_items: int, *pieces: dict[str, np.ndarray]) -> dict:
+    """The bucket's positives, deduplicated at their latest time, sorted by (user, item)."""
+    n = sum(len(p["user"]) for p in pieces)
+    if n == 0:
+        empty = np.zeros(0, np.int32)
+        return {"user": empty, "item": empty, "ts": np.zeros(0, np.int64), "n_dup": 0,
+                "counts": np.zeros(hi - lo, np.int64)}  # fmt: skip
+    key = np.concatenate([p["user"] for p in pieces]).astype(np.int64)
+    key -= lo
+    key *= n_items
+    key += np.concatenate([p["item"] for p in pieces])
+    ts = np.concatenate([p["ts"] for p in pieces])
+    keys, stamps = dedup_sorted(key, ts, max(1, (hi - lo) * n_items), np)
+    users = (keys // n_items).astype(np.int32)
+    items = (keys - users.astype(np.int64) * n_items).astype(np.int32)
+    counts = np.bincount(users, minlength=hi - lo)
+    users += lo
+    return {"user": users, "item": items, "ts": stamps, "n_dup": n - len(keys), "counts": counts}
+
+
+def bucket_counts(bucket: dict[str, Any]) -> tuple[np.ndarray, int]:
+    return bucket["counts"], bucket["n_dup"]
+
+
+def _kept(bucket: dict[str, Any], keep: np.ndarray, lo: int) -> np.ndarray:
+    return keep[bucket["user"] - lo]
+
+
+def present_items(bucket: dict[str, Any], keep: np.ndarray, lo: int, n_items: int) -> np.ndarray:
+    """The items the bucket's kept users have (--min-interactions dropped the others)."""
+    return np.bincount(bucket["item"][_kept(bucket, keep, lo)], minlength=n_items) > 0
+
+
+def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo: int,
+                new_lo: int, new_hi: int, item_map: np.ndarray | None, n_items: int,
+                rules: SplitRules, folder: str, device: str) -> tuple[dict[str, Any], int]:  # fmt: skip
+    """Re-index the bucket over the kept users and items, split it and write it (the memory
+    engine's per-bucket step); returns its meta entry and its users without validation."""
+    from ncfcli.data.buckets import split_bucket
+    from ncfcli.data.dataset import write_bucket
+
+    if os.environ.get(KILL_BUCKET_ENV) == str(index):
+        os._exit(1)  # a test of a worker dying mid-run
+    if os.environ.get(STALL_BUCKET_ENV) == str(index):
+        import time
+
+        time.sleep(3600)  # a test of Ctrl-C mid-run: the dataset folder is half-written now
+    users, items, stamps = bucket["user"], bucket["item"], bucket["ts"]
+    if keep is not None:
+        rows = _kept(bucket, keep, lo)
+        new_id = np.cumsum(keep) - 1 + new_lo
+        users = new_id[users[rows] - lo].astype(np.int32)
+        assert item_map is not None
+        items, stamps = item_map[items[rows]].astype(np.int32), stamps[rows]
+    backend = array_backend(device)  # no torch: it would only weigh on the worker's memory
+    xp = backend.xp
+    part = split_bucket(xp.asarray(users), xp.asarray(items), xp.asarray(stamps), new_lo,
+                        new_hi, n_items, rules, xp)  # fmt: skip
+    n_no_valid = int(part.pop("n_no_valid"))
+    host = {k: backend.to_numpy(v) for k, v in part.items()}
+    return write_bucket(folder, index, new_lo, new_hi, host), n_no_valid
+
+
+# ---- the client ---------------------------------------------------------------------------
+
+
+def _source_and_blocks(config: PrepareConfig, backend: Backend, scratch: Path,
+                       quiet: bool) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:  # fmt: skip
+    """meta.json's `source` (as the memory engine records it), the blocks and the roles."""
+    if config.source == SYNTHETIC:
+        return _synthetic_source(config)
+    files, top, kind, extra = _input_files(config, scratch, quiet)
+    cols = raw.Columns(config.user_col, config.item_col, config.time_col, config.rating_col,
+                       config.sep)  # fmt: skip
+    blocks: list[Block] = []
+    layouts = []
+    for f in files:
+        layout = raw.layout_of(f, cols, config.split == "time")
+        layouts.append(layout)
+        if layout.fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.ParquetFile(f).metadata
+            first = 0
+            for g in range(meta.num_row_groups):
+                blocks.append(Block("parquet", str(f), g, 0, first, layout))
+                first += meta.row_group(g).num_rows
+        else:
+            blocks.extend(text_blocks(f, layout, block_bytes()))
+    roles = dict(layouts[0].roles)
+    if any(dict(lay.roles) != roles for lay in layouts):
+        raise NcfError(f"the files of {config.source} do not have the same columns")
+    if config.split != "time":
+        roles["time"] = None
+    if config.min_rating is not None and roles.get("rating") is None:
+        raise NcfError(f"--min-rating needs a rating column, and {files[0]} has none; "
+                       "name it with --rating-col")  # fmt: skip
+    source = _file_source(config, files, top, kind)
+    source.update(format=layouts[0].label, columns={k: v for k, v in roles.items() if v})
+    source.update(extra)
+    return source, blocks, {"roles": roles, "shape": None}
+
+
+def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:
+    from dataclasses import asdict
+
+    from ncfcli.data import synthetic
+    from ncfcli.data.record import source_name
+
+    shape = synthetic.resolve_shape(config.preset, config.users, config.items,
+                                    config.interactions)  # fmt: skip
+    source: dict[str, Any] = {"kind": SYNTHETIC, "name": source_name(config), "path": None,
+                              "sha256": None, "shape": asdict(shape), "format": "generated"}  # fmt: skip
+    parts = len(synthetic.partition_bounds(shape)) - 1
+    roles = {"user": "user", "item": "item",
+             "time": "timestamp" if config.split == "time" else None, "rating": "rating"}  # fmt: skip
+    return (
+        source,
+        [Block("synthetic", "", p) for p in range(parts)],
+        {"roles": roles, "shape": shape},
+    )
+
+
+def _input_files(config: PrepareConfig, scratch: Path,
+                 quiet: bool) -> tuple[list[Path], Path, str, dict[str, Any]]:  # fmt: skip
+    """The table files SOURCE names (a MovieLens name, zip or folder, a file, a folder of parts
+    or a glob), the path given, its kind, and what meta's source adds for a MovieLens name."""
+    from ncfcli.data import sources
+    from ncfcli.data.engines.choose import input_files
+
+    if config.source in sources.DATASETS and not Path(config.source).exists():
+        spec = sources.DATASETS[config.source]
+        table, zip_path = sources.extracted_ratings(config.source, config.cache_dir, quiet)
+        extra = {"kind": "dataset", "name": config.source, "path": str(zip_path),
+                 "sha256": raw.sha256_file(zip_path), "url": spec.url, "md5": spec.md5}  # fmt: skip
+        return [table], table, "file", extra
+    if not any(c in config.source for c in "*?[") and not Path(config.source).exists():
+        raise NcfError(
+            f"SOURCE {config.source!r} is not a file or folder, nor a dataset name "
+            f"({', '.join(sources.DATASETS)}) or 'synthetic'"
+        )
+    top = Path(config.source)
+    if top.is_file() and top.stat().st_size > 0 and raw.is_zip(top):
+        return [raw.extract_ratings(top, scratch)], top, "zip", {}
+    if top.is_dir():
+        try:  # a MovieLens folder: its ratings file, as the memory engine reads it
+            return [raw.find_ratings_file(top)], top, "folder", {}
+        except NcfError:
+            return input_files(config.source), top, "folder", {}
+    return input_files(config.source), top, "file", {}
+
+
+def _file_source(config: PrepareConfig, files: list[Path], top: Path,
+                 kind: str) -> dict[str, Any]:  # fmt: skip
+    """meta.json's `source` for files read: the memory engine's record for one file; for
+    several, their list and one sha256 over theirs."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digests = list(pool.map(raw.sha256_file, files))
+    if len(files) == 1:
+        rel = str(files[0].relative_to(top)) if top.is_dir() else files[0].name
+        return {"kind": kind, "name": top.stem if kind == "zip" else top.name,
+                "path": str(top.resolve()), "file": rel,
+                "sha256": raw.sha256_file(top) if kind == "zip" else digests[0]}  # fmt: skip
+    import hashlib
+
+    combined = hashlib.sha256("".join(digests).encode()).hexdigest()
+    return {"kind": "files", "name": top.name, "path": str(Path(config.source)),
+            "files": [str(f) for f in files], "sha256": combined}  # fmt: skip
+
+
+def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
+                 quiet: bool) -> dict[str, Any]:  # fmt: skip
+    """The Dask engine: the memory engine's dataset (same arrays, meta and fingerprint)."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise NcfError("--engine dask needs Dask: pip install 'ncfcli[dask]'") from None
+    from distributed import KilledWorker
+
+    memory = parse_memory(config.memory_limit)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.dask-", dir=out.parent))
+    try:
+        plan = _source_and_blocks(config, backend, scratch, quiet)
+        # Before any worker starts: one below its limit would wait forever, paused.
+        check_memory(config.memory_limit, plan[1], plan[2]["shape"], backend)
+        with client_for(config, backend, scratch, memory) as client:
+            try:
+                return _run(config, backend, out, stage, plan, client)
+            except NcfError:
+                raise
+            except (KilledWorker, CancelledError) as e:
+                # A lost worker's results are gone and their inputs already released, so
+                # nothing is recomputed: the run stops with one line.
+                raise died(e, client) from None
+            except (OSError, RuntimeError) as e:
+                from distributed.comm.core import CommClosedError
+
+                if isinstance(e, CommClosedError) or "worker" in str(e).lower():
+                    raise died(e, client) from None
+                if str(e).startswith("P2P"):
+                    raise NcfError(f"the Dask shuffle failed: {str(e).splitlines()[0]}") from None
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: Any,
+         client: Any) -> dict[str, Any]:  # fmt: skip
+    """The stages, top to bottom: read, filter and index (the shuffle), split and write."""
+    from ncfcli.data.sources import save_titles
+
+    with stage("read") as note:
+        source, parts, infos = _read(config, backend, client, plan)
+        n_raw = sum(i["n_raw"] for i in infos)
+        note["done"] = f"{n_raw:,} rows in {len(parts)} blocks on {len(client.nthreads())} workers"
+    if n_raw == 0:
+        raise NcfError(f"{config.source} holds no interactions")
+    n_low = sum(i["n_low"] for i in infos)
+    if config.min_rating is not None and n_low == n_raw:
+        top_rating = max(i["top"] for i in infos)
+        raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
+                       f"(the highest rating is {top_rating:g})")  # fmt: skip
+    held_users = None
+    if config.test is not None:
+        held_users = _with_holdout(config, client, parts, infos, source)
+    with stage("filter and index") as note:
+        ix = _index(config, client, parts, infos, held_users)
+        del parts, infos
+        note["done"] = (f"{len(ix.user_ids):,} users, {len(ix.item_ids):,} items, "
+                        f"{ix.n_pos:,} positives")  # fmt: skip
+    with stage("split and write") as note:
+        meta = _split_write(config, backend, out, client, ix, source, (n_raw, n_low))
+        valid = f"{meta['n_valid']:,} validation, " if config.validation else ""
+        note["done"] = f"{meta['n_train']:,} train, {valid}{meta['n_buckets']} buckets"
+    save_titles(out, source, ix.item_ids)
+    return meta
+
+
+def _read(config: PrepareConfig, backend: Backend, client: Any,
+          plan: Any) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:  # fmt: skip
+    """Every block of `plan` (_source_and_blocks) read on the workers (futures of Parts) and
+    what each reported."""
+    source, blocks, how = plan
+    kind = first_time_kind(blocks, how["roles"])
+    spec = ReadSpec(how["roles"], config.min_rating, how["shape"], config.seed,
+                    time_kind=kind, device=backend.name)  # fmt: skip
+    if how["shape"] is not None:
+        from ncfcli.data.synthetic import partition_bounds
+
+        spec = dataclasses.replace(spec, parts=tuple(partition_bounds(how["shape"])))
+    parts = client.map(read_block, blocks, spec=spec)
+    infos = client.gather(client.map(summarize, parts))
+    redo: dict[str, Any] = {}
+    kinds = {r: {i["kinds"][r] for i in infos} for r in ("user", "item")}
+    text_ids = frozenset(r for r, k in kinds.items() if len(k) > 1)
+    if text_ids:
+        redo["text_ids"] = text_ids
+    time_kinds = {i["time_kind"] for i in infos}
+    if {"epoch", "iso"} <= time_kinds or ("iso" in time_kinds and "int" in time_kinds):
+        first = infos[0]["time_kind"]
+        redo["time_kind"] = "epoch" if first in ("int", "epoch") else "iso"
+    if redo:  # rare: blocks disagree; read them all again as the whole column reads
+        spec = dataclasses.replace(spec, **redo)
+        parts = client.map(read_block, blocks, spec=spec, pure=False)
+        infos = client.gather(client.map(summarize, parts))
+    return source, parts, infos
+
+
+@dataclasses.dataclass
+class _Indexed:
+    """The shuffled, deduplicated buckets (futures) and the client's small arrays."""
+
+    user_ids: Any  # raw ids of the kept users, in dense-id order
+    item_ids: Any
+    buckets: list[Any]  # a future per bucket: its deduplicated rows, pre-drop ids
+    pre: list[int]  # each bucket's first pre-drop user id
+    bounds: list[int]  # the same bounds on the final ids
+    keeps: list[np.ndarray | None]  # per bucket, which of its users stay (None: all)
+    item_map: np.ndarray | None  # pre-drop item id -> final (None: none dropped)
+    n_dup: int
+    dropped: int
+    n_pos: int
+
+
+def _with_holdout(config: PrepareConfig, client: Any, parts: list[Any],
+                  infos: list[dict[str, Any]], source: dict[str, Any]) -> Any:  # fmt: skip
+    """`--test FILE` (holdout.py), read on the client (a row per user): one more block whose
+    rows are timed one after the latest training time at the column's longest fraction, as
+    the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
+    held, source["test"] = read_holdout(config, get_backend("cpu"))
+    kinds, ids = {}, {}
+    for role in ("user", "item"):
+        raw_ids = getattr(held, role)
+        text = not isinstance(raw_ids, np.ndarray)
+        check_kinds(config, role, any(i["kinds"][role] == "str" for i in infos), text)
+        kinds[role] = "str" if text else "int"
+        ids[role] = (
+            values.to_arrow_strings(raw_ids) if text else raw_ids.astype(np.int64, copy=False)
+        )
+    top = max(i["digits"] for i in infos)
+    latest = [i["ts_max"] * 10 ** (top - i["digits"]) for i in infos if i["ts_max"] is not None]
+    ts = np.full(held.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
+    part = Part(ids["user"], ids["item"], ts, 0, 0, kinds, digits=top)
+    infos.append(summarize(part))
+    parts.append(client.scatter(part))
+    return ids["user"]
+
+
+def _index(config: PrepareConfig, client: Any, parts: list[Any],
+           infos: list[dict[str, Any]], held_users: Any = None) -> _Indexed:  # fmt: skip
+    """Dictionaries, the one shuffle into buckets of users, dedup, then --min-interactions."""
+    user_ids = dictionary([i["users"] for i in infos])
+    item_ids = dictionary([i["items"] for i in infos])
+    if held_users is not None:
+        # The held-out block is the last: the users of the others have training rows.
+        trained = np.zeros(len(user_ids), bool)
+        trained[np.searchsorted(user_ids, dictionary([i["users"] for i in infos[:-1]]))] = True
+        check_holdout(config, codes(held_users, user_ids), trained, user_ids, get_backend("cpu"))
+    n_u, n_i = len(user_ids), len(item_ids)
+    n_buckets = min(config.buckets or default_buckets(sum(i["n_rows"] for i in infos), n_u), n_u)
+    pre = [b * n_u // n_buckets for b in range(n_buckets + 1)]
+    top = max(i["digits"] for i in infos)
+    digits = [10 ** (top - i["digits"]) for i in infos]
+    [u_f, i_f] = client.scatter([user_ids, item_ids], broadcast=True)
+    many = len(parts)
+    cut = client.map(cut_buckets, parts, [u_f] * many, [i_f] * many, [n_buckets] * many,
+                     digits)  # fmt: skip
+    pieces = [[client.submit(_piece, c, b) for c in cut] for b in range(n_buckets)]
+    del cut
+    buckets = [client.submit(dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b])
+               for b in range(n_buckets)]  # fmt: skip
+    del pieces, u_f, i_f
+    gathered = client.gather(client.map(bucket_counts, buckets))
+    per_user = np.concatenate([c for c, _ in gathered])
+    keep = per_user >= config.min_interactions
+    n_keep = int(keep.sum())
+    if n_keep == 0:
+        raise NcfError(
+            f"no user has --min-interactions {config.min_interactions} distinct items "
+            f"(the most any user has is {int(per_user.max())})"
+        )
+    kept_before = np.concatenate([[0], np.cumsum(keep)])
+    item_map = None
+    keeps: list[np.ndarray | None] = [None] * n_buckets
+    if n_keep < n_u:
+        keeps = [keep[pre[b] : pre[b + 1]] for b in range(n_buckets)]
+        seen = client.gather([client.submit(present_items, buckets[b], keeps[b], pre[b], n_i)
+                              for b in range(n_buckets)])  # fmt: skip
+        present = np.logical_or.reduce(seen)
+        item_map = (np.cumsum(present) - 1).astype(np.int32)
+        user_ids, item_ids = user_ids[keep], item_ids[present]
+    bounds = [int(kept_before[b]) for b in pre]
+    # A bucket whose users were all dropped is left out, not written empty (as in memory).
+    full = [b for b in range(n_buckets) if bounds[b + 1] > bounds[b]]
+    return _Indexed(user_ids, item_ids, [buckets[b] for b in full], [pre[b] for b in full],
+                    [bounds[b] for b in full] + [n_keep], [keeps[b] for b in full], item_map,
+                    sum(d for _, d in gathered), n_u - n_keep,
+                    int(per_user[keep].sum()))  # fmt: skip
+
+
+def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any,
+                 ix: _Indexed, source: dict[str, Any], read: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
+    """Each bucket split and written by a worker into the temporary dataset folder; the
+    client's id maps and meta.json; the folder renamed to --out."""
+    from ncfcli.data.dataset import finish_dataset
+    from ncfcli.data.record import Counts, check_out, describe, raw_scalar
+    from ncfcli.fsutil import atomic_dir
+
+    rules = SplitRules.of(config)
+    check_out(config, out)  # again: the folder may have changed while we read
+    with atomic_dir(out, "dataset") as tmp:
+        im_f = client.scatter(ix.item_map, broadcast=True) if ix.item_map is not None else None
+        done = [client.submit(split_write, ix.buckets[b], b, ix.keeps[b], ix.pre[b], ix.bounds[b],
+                              ix.bounds[b + 1], im_f, len(ix.item_ids), rules, str(tmp),
+                              backend.name) for b in range(len(ix.buckets))]  # fmt: skip
+        ix.buckets = []
+        try:
+            results = client.gather(done)
+        except TooFewCandidates as e:
+            raise NcfError(e.message(raw_scalar(ix.user_ids[e.user]))) from None
+        entries = [entry for entry, _ in results]
+        counts = Counts(read[0], read[1], ix.n_dup, ix.dropped, sum(n for _, n in results))
+        stats = worker_stats(client)
+        meta = describe(config, backend, source, counts)
+        meta = finish_dataset(tmp, entries, ix.user_ids, ix.item_ids, meta)
+    return {**meta, "dask": stats}

@@ -1,0 +1,7 @@
+"""Several processes for one run: `ncf train DATA_DIR --nproc 2` (or `--gpus 8`, or torchrun).
+
+- plan.py: how many workers, on which devices, with which environment;
+- workers.py: start, watch and stop one node's workers, and report how they ended;
+- distributed.py: the environment each worker reads (an environment, not a mode: world size 1
+  runs the same code).
+"""

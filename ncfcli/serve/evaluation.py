@@ -1,0 +1,256 @@
+"""`ncf eval RUN_DIR [--split test|validation] [--full-ranking] [--k 1 5 10 20]`: HR@K, NDCG@K.
+
+The run directory alone is enough: its checkpoint records the dataset path and fingerprint.
+Two protocols (see ncfcli/scoring/metrics.py for the formulas and the tie rule):
+
+- sampled: the held-out item against the N negatives sampled by `ncf prepare` (the NCF paper /
+  MLPerf benchmark protocol; comparable with published figures, but biased, Krichene & Rendle
+  2020);
+- full ranking: against every item that is not a known positive of the user: its training
+  items and, on a dataset with validation, its other held-out item are excluded.
+
+`--split test` (the default) evaluates the held-out test items; `--split validation` the
+validation items, for choosing a model without looking at the test set.
+
+Users are split across ranks when run under torchrun; each rank reduces metric sums, so the
+result equals a single-process evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ncfcli.errors import NcfError
+from ncfcli.options import DATA, EVAL, opt, prepared, scoring_batch
+
+if TYPE_CHECKING:  # EvalConfig loads no torch: `ncf eval -k 0` is refused at once
+    from ncfcli.launch.distributed import DistEnv
+
+DEFAULT_KS = (1, 5, 10, 20)
+
+
+def rows_for(
+    backend: Any, batch_rows: int | None = None, model: Any = None,
+    candidates: int | None = None, own_items: bool = False,
+) -> int:  # fmt: skip
+    """The (user, item) pairs to score at once: `batch_rows` (--eval-batch), else as many as
+    the device's memory budget holds for `model` (ncfcli.scoring.metrics.budget_rows: 256 MB on a
+    CPU, 4 GB on a GPU but at most half its free memory, divided by what a pair costs: 16
+    bytes for a factored scorer, plus its per-pair activations where they are not tiled, the
+    item rows gathered per pair where each user scores its own items (`own_items`: the
+    sampled protocol, 4 x factors bytes a table), and each user's own work shared by its
+    `candidates`; 5 KB for one scoring pairs).
+
+    Counting pairs alone sized chunks for the MLP's activations: 2^16 pairs was 2 users a
+    chunk at 24k items, so full ranking ran 15,000 small products (issue 22); counting 16
+    bytes a pair let a sampled chunk of MF with 128 factors gather 32x the budget (issue 32).
+    """
+    if batch_rows is not None:
+        return batch_rows
+    from ncfcli.scoring.metrics import budget_rows
+
+    # model None: priced as forward() pairs
+    return budget_rows(model, backend.torch_device, None, candidates, own_items)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Options of `ncf eval`."""
+
+    ks: tuple[int, ...] = opt(
+        DEFAULT_KS, "Cut-offs K: -k 1 5 10 20 (or 1,5,10,20).", EVAL, flags=("-k", "--top-k"),
+        aliases=("--k", "--topk"), api="k", cli_type=list[str], cli_default=None,
+        parse=lambda v: parse_ks(v),
+    )  # fmt: skip
+    full_ranking: bool = opt(
+        False, "Rank against every item not in the user's training set.", EVAL
+    )  # else the sampled protocol
+    batch_rows: int | None = scoring_batch()
+    data: Path | None = opt(
+        None, "Evaluate on this prepared dataset (path or cache name).", DATA, cli_type=str,
+        parse=prepared, shown="the run's own",
+    )  # fmt: skip
+    split: str = opt("test", "Held-out set: test, or validation (for choosing models).", EVAL)
+    checkpoint: str = opt(
+        "best", "best (the epoch validation chose) or last (the run's last epoch).", EVAL
+    )
+
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise NcfError("--k needs at least one value")
+        for k in self.ks:
+            if k < 1:
+                raise NcfError(f"--k must be >= 1, got {k}")
+        if len(set(self.ks)) != len(self.ks):
+            raise NcfError(f"--k lists a value twice: {list(self.ks)}")
+        if self.split not in ("test", "validation"):
+            raise NcfError(f"--split must be test or validation, got {self.split!r}")
+        if self.batch_rows is not None and self.batch_rows < 1:
+            raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
+        if self.checkpoint not in ("best", "last"):
+            raise NcfError(f"--checkpoint must be best or last, got {self.checkpoint!r}")
+
+    @property
+    def protocol(self) -> str:
+        from ncfcli.scoring.metrics import FULL
+
+        return FULL if self.full_ranking else "sampled"
+
+
+def parse_ks(values: Sequence[str]) -> tuple[int, ...]:
+    """`--k 1 5 10`, `--k 1,5,10` or `--k 1 --k 5` -> (1, 5, 10), in the order given."""
+    out: list[int] = []
+    for v in values:
+        for part in str(v).replace(",", " ").split():
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise NcfError(f"--k takes integers, got {part!r}") from None
+    return tuple(out)
+
+
+def resolve_data(run: Any, data_path: str | Path | None, backend: Any) -> tuple[Any, str | None]:
+    """Load the dataset to evaluate on, check it fits the model; (data, note or None).
+
+    The note says when the dataset is not the one the run was trained on (different
+    fingerprint): allowed, since evaluating on a re-split copy is a legitimate use, but the
+    user must know.
+    """
+    from ncfcli.data.dataset import load_prepared
+
+    path = Path(data_path) if data_path is not None else run.dataset_path
+    if data_path is None and not path.is_dir():
+        raise NcfError(
+            f"the dataset this run was trained on ({path}) is gone; pass --data DATA_DIR"
+        )
+    data = load_prepared(path, backend)
+    data = data.as_trained(run.state["dataset"], backend.xp)
+    cfg = run.model_config
+    if (data.n_users, data.n_items) != (cfg.n_users, cfg.n_items):
+        raise NcfError(
+            f"dataset {path} has {data.n_users} users and {data.n_items} items, but the model "
+            f"in {run.checkpoint_path} was trained on {cfg.n_users} users and {cfg.n_items} items"
+        )
+    note = None
+    if data.fingerprint != run.dataset_fingerprint:
+        note = (
+            f"dataset {path} (fingerprint {data.fingerprint}) is not the one the run was trained "
+            f"on (fingerprint {run.dataset_fingerprint}); its held-out items may have been seen "
+            "in training"
+        )
+    return data, note
+
+
+def check_ks(ks: Sequence[int], n_candidates: int, protocol: str) -> None:
+    for k in ks:
+        if k > n_candidates:
+            raise NcfError(
+                f"--k {k} is larger than the {n_candidates} candidates per user of the "
+                f"{protocol} protocol"
+            )
+
+
+def evaluate(
+    run: Any, data: Any, cfg: EvalConfig, backend: Any, env: DistEnv | None = None
+) -> dict:
+    """HR@K and NDCG@K of `run.model` on `data` (a PreparedData on `backend`).
+
+    Returns {"split", "dataset_split", "protocol", "tie_rule", "metrics": {"hr@k": ...,
+    "ndcg@k": ...}, "users", "candidates"}; identical on every rank.
+    """
+    import torch
+
+    from ncfcli.launch.distributed import DistEnv, all_reduce_sum
+    from ncfcli.scoring.metrics import (
+        FULL,
+        TIE_RULE,
+        context_length,
+        full_split,
+        full_split_ranks,
+        metric_sums,
+        sampled_ranks,
+        sums_to_metrics,
+        takes_context,
+    )
+
+    env = DistEnv() if env is None else env
+    model = run.model
+    model.eval()
+    device = backend.torch_device
+    xp = backend.xp
+    users_np, held_np, negatives_np = data.held_out(cfg.split, xp)
+    n_neg = int(negatives_np.shape[1])
+    if cfg.full_ranking:
+        protocol = FULL
+        other = " or its other held-out item" if data.has_validation else ""
+        candidates = f"all items not in the user's training set{other} (of {data.n_items})"
+        check_ks(cfg.ks, data.n_items, protocol)
+    else:
+        protocol = f"sampled ({n_neg} negatives)"
+        candidates = f"{n_neg + 1} (held-out item + {n_neg} sampled negatives)"
+        check_ks(cfg.ks, n_neg + 1, "sampled")
+    if cfg.full_ranking:  # every item, or blocks of items shared by a chunk's users
+        rows = rows_for(backend, cfg.batch_rows, model, data.n_items)
+    else:  # each user's own N + 1 items, their rows gathered per pair
+        rows = rows_for(backend, cfg.batch_rows, model, n_neg + 1, own_items=True)
+    # An order term scores each user after their latest item before the held-out one.
+    prev = None
+    if takes_context(model):  # a sequence term: the latest items before the held-out one
+        prev = backend.to_torch(data.context(cfg.split, xp, context_length(model))).to(device)
+    with torch.no_grad():
+        if cfg.full_ranking:
+            start, end = env.shard(data.n_users)
+            # Ranks past max(K) count the same (metric_sums clamps there): a user leaves the
+            # scoring once max(K) candidates beat their positive.
+            fs = full_split(data, cfg.split, backend, prev)
+            ranks = full_split_ranks(model, fs, start, end, rows, max(cfg.ks))
+        else:
+            start, end = env.shard(int(users_np.shape[0]))
+            users = backend.to_torch(users_np).to(device)[start:end].long()
+            held = backend.to_torch(held_np).to(device)[start:end]
+            negatives = backend.to_torch(negatives_np).to(device)[start:end]
+            context = prev[users] if prev is not None else None
+            ranks = sampled_ranks(model, users, held, negatives, rows, context)
+        sums = all_reduce_sum(metric_sums(ranks, cfg.ks), env)
+    backend.synchronize()
+    return {
+        "split": cfg.split,
+        "dataset_split": data.split_method,
+        "protocol": protocol,
+        "tie_rule": TIE_RULE,
+        "candidates": candidates,
+        "metrics": sums_to_metrics(sums, cfg.ks),
+        "users": int(sums[-1].item()),
+    }
+
+
+@dataclass
+class EvalReport:
+    """What `ncf eval` prints: the result plus where it came from."""
+
+    result: dict
+    checkpoint: str
+    dataset: str
+    note: str | None = None
+    saved: str | None = (
+        None  # RUN_DIR/eval.json, where the result was merged (ncfcli.rundir.eval_record)
+    )
+
+
+def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> EvalReport:
+    """Load the run and its dataset on `device`, evaluate (one process), save in eval.json."""
+    from ncfcli.backend import get_backend
+    from ncfcli.rundir import eval_record
+    from ncfcli.rundir.checkpoint import load_run
+
+    backend = get_backend(device)
+    run = load_run(run_dir, backend.torch_device, cfg.checkpoint)
+    data, note = resolve_data(run, cfg.data, backend)
+    result = evaluate(run, data, cfg, backend)
+    saved, why = eval_record.save(run.path, eval_record.rows_for(result, cfg.protocol, run, data))
+    note = "; ".join(n for n in (note, why) if n) or None
+    return EvalReport(result, str(run.checkpoint_path), str(data.path), note,
+                      str(saved) if saved else None)  # fmt: skip

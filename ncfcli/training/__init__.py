@@ -1,0 +1,16 @@
+"""Training, one file per step: `ncf train DATA_DIR [--out RUN_DIR]`.
+
+- loop.py: `train` and the loop (`_train`), the one function to read to know what a run does;
+- config.py: the options (TrainConfig), their per-dataset defaults (`resolve`, `batch_lr`) and
+  what --resume and --refit may change; defaults.py: the size table; recency.py: the recency
+  weights and the validation probe that decides them;
+- start.py: where a run starts from: resumed or new, the model and Adam, the data on the device;
+- session.py: the run's state while it trains (`Session`), built by start.py, updated by the loop;
+- optim.py: the optimizer, the lr of each step (warm-up, decay), micro-batch gradients;
+- validation.py: HR@10 and NDCG@10 on the validation split per epoch, and which epoch is the run's;
+- run.py: what a run records: config.json, checkpoints, metrics and logs, curves;
+- refit.py: --refit and the pretrained towers; baselines.py: the baselines' one-go fit;
+- device.py: TF32, mixed precision, threads, out-of-memory errors; shard.py: the data over ranks.
+
+config.py and defaults.py import no torch, so the CLI and the Python API read the options at once.
+"""

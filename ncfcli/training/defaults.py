@@ -1,0 +1,116 @@
+"""Training defaults by dataset size, torch-free so `ncf train --help` can show them:
+`python -m ncfcli.training.defaults` prints the table.
+
+`ncfcli.training.defaults.size_defaults` is this module's `size_defaults`; ncfcli/training/config.py's docstring
+says how the tiers were chosen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (upper bound of training positives, name, the tier's values); the last tier has no bound.
+TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
+    # MF with biases, chosen on ml-100k's validation split (docs/training-defaults.md).
+    (200_000, "< 200k (ml-100k)",
+     {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
+      "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
+      "l2": 1e-3, "recency_weight": 16.0, "order_factors": 64, "sequence_length": 20}),
+    (5_000_000, "< 5M (ml-1m)",
+     {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
+      "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
+    (None, ">= 5M (ml-20m)",
+     {"epochs": 30, "batch_size": 1 << 20, "lr": 0.0045, "beta1": 0.25, "beta2": 0.5,
+      "factors": 64, "layers": (256, 256, 128, 64), "dropout": 0.5}),
+)  # fmt: skip
+
+# Sparse data (fewer training positives per user than SPARSE_PER_USER) in the first tier:
+# stronger L2 and more epochs, chosen on the validation split of a sparse synthetic set (9 per
+# user): L2 3e-3 over 1e-3 gave +0.020 sampled and +0.006 full-ranking HR@10 (5e-3 and 1e-2
+# were worse); then L2 4e-3 over 20 epochs beat 3e-3 over 10 by +0.008 on sampled + full HR@10
+# at each of 3 seeds (docs/training-defaults.md).
+SPARSE_PER_USER = 20
+SPARSE: dict[str, Any] = {"l2": 4e-3, "epochs": 20}
+
+# Small data: in the first tier, a default batch halves (down to MIN_BATCH) until an epoch has
+# at least MIN_STEPS_PER_EPOCH steps. Chosen on the validation split of a real sparse set (15%
+# of ml-100k's rows, 8 training items per user, 13k positives): 2^14 gave 27 steps an epoch and
+# under-trained (validation sampled + full HR@10 0.434, 3 seeds), 2^13 / 2^12 / 2^11 (54 / 108
+# / 216 steps) 0.490 / 0.496 / 0.492. ml-100k (197 steps) and the sparse synthetic set (181)
+# keep 2^14 (docs/training-defaults.md).
+MIN_STEPS_PER_EPOCH = 100
+MIN_BATCH = 1 << 12
+
+# The same for every size.
+BASE: dict[str, Any] = {
+    "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
+    "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
+    "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
+    "eval_every": 1, "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
+    "sequence_weight": 1.0,
+    "keep_checkpoints": 3,
+}  # fmt: skip
+
+# Past the first tier, the order term where the validation probe (ncfcli/training/recency.py) finds a
+# time signal: Amazon Beauty with the second tier's NeuMF, test HR@10 0.384 without it and 0.411
+# with 64 factors (validation 0.452 and 0.471; docs/training-defaults.md).
+ORDER_FACTORS_ON = 64
+
+# Options whose default depends on the dataset's size (their help says so).
+BY_SIZE = ("model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers",
+           "dropout", "neg_per_pos", "l2", "recency_weight", "order_factors",
+           "sequence_length")  # fmt: skip
+
+
+def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
+    """The tuned defaults for a dataset of `n_train` training positives (and `n_users` users:
+    a sparse dataset in the first tier gets SPARSE on top)."""
+    for i, (bound, _, tier) in enumerate(TIERS):
+        if bound is None or n_train < bound:
+            sparse = i == 0 and bool(n_users) and n_train < SPARSE_PER_USER * (n_users or 0)
+            return {**BASE, **tier, **(SPARSE if sparse else {})}
+    raise AssertionError("the last tier has no bound")
+
+
+def small_data_batch(batch: int, samples_per_epoch: int, ranks: int = 1) -> int:
+    """The first tier's default batch (per rank; `ranks` > 1 under weak scaling) for a dataset
+    whose epoch has `samples_per_epoch` samples (positives x (1 + negatives per positive)):
+    halved, down to MIN_BATCH, until an epoch has at least MIN_STEPS_PER_EPOCH steps."""
+    while batch > MIN_BATCH and samples_per_epoch < MIN_STEPS_PER_EPOCH * batch * ranks:
+        batch //= 2
+    return batch
+
+
+def first_tier(n_train: int) -> bool:
+    bound = TIERS[0][0]
+    return bound is not None and n_train < bound
+
+
+def _show(name: str, value: Any) -> str:
+    if name == "batch_size":
+        return f"2^{int(value).bit_length() - 1}"
+    if name == "layers":
+        return "-".join(str(n) for n in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def table_text() -> str:
+    """The tiers as fixed-width text lines that fit 80 columns (the help's epilog)."""
+    rows = [("training positives", *(name for _, name, _ in TIERS))]
+    for key in BY_SIZE:
+        rows.append(("--" + key.replace("_", "-"),
+                     *(_show(key, {**BASE, **tier}[key]) for _, _, tier in TIERS)))  # fmt: skip
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    sparse = ", ".join(f"--{k.replace('_', '-')} {_show(k, v)}" for k, v in SPARSE.items())
+    lines.append(f"(first column, under {SPARSE_PER_USER} positives per user: {sparse};")
+    lines.append(f" and its batch halves, down to 2^{MIN_BATCH.bit_length() - 1}, until an epoch "
+                 f"has {MIN_STEPS_PER_EPOCH} steps;")  # fmt: skip
+    lines.append(" --recency-weight, --sequence-length only where a validation probe finds a")
+    lines.append(" time signal, --order-factors only where the data has a time order, and")
+    lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table_text())

@@ -1,0 +1,464 @@
+"""Train an NCF model on a prepared dataset: `ncf train DATA_DIR [--out RUN_DIR]`.
+
+`_train` below is the whole recipe, top to bottom: the run's start (start.py: resumed or new,
+the resolved options, the model and Adam, the data on the device), the run directory (run.py),
+then per epoch: fresh negatives (ncfcli.data.batches), the steps (`_steps`; optim.py computes
+each), HR@10 and NDCG@10 on the validation set (evaluation.py), and a checkpoint; after the
+last, the test set once, from the chosen epoch's weights (`_score_chosen`). Nothing hides in
+callbacks. `train` around it sets up the device and the process group.
+
+The next epoch's samples are built on a second thread while the current one trains (on a GPU,
+on a CUDA stream of its own). A first Ctrl-C stops after the current step and saves it in
+last.pt (`--resume` continues it from there); the loss is read a few times an epoch, and a
+non-finite one stops the run.
+
+Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
+every optimizer step and stop if they differ.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ncfcli.backend import Backend, get_backend
+from ncfcli.data.batches import NegativeSampler
+from ncfcli.errors import NcfError
+from ncfcli.launch import distributed as dist_env
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.model import baselines
+from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.rundir.logs import RunLog
+from ncfcli.training import validation as evaluation
+from ncfcli.training.baselines import _fit_baseline
+from ncfcli.training.config import TrainConfig
+from ncfcli.training.device import _is_oom, _tf32_restored
+from ncfcli.training.optim import _seed_dropout, _seed_for, _step_gradients, lr_at
+from ncfcli.training.refit import _refit_settings
+from ncfcli.training.run import (
+    TrainResult,
+    _save_curves,
+    default_run_dir,
+    import_plotting,
+    open_run_dir,
+    record_test,
+    removed_if_unfinished,
+    save_epoch,
+    save_interrupted,
+)
+from ncfcli.training.session import Session
+from ncfcli.training.shard import load as load_shard
+from ncfcli.training.start import start
+
+LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
+
+
+def train(
+    cfg: TrainConfig,
+    progress: Any = None,
+    env: DistEnv | None = None,
+    on_epoch: Callable[[int, dict[str, dict[str, float]]], bool] | None = None,
+    score_test: bool = True,
+) -> TrainResult:
+    """Train (or resume) one run; only rank 0 writes files and draws `progress` (a Rich Progress).
+
+    `on_epoch(epoch, scores)`, after each scored epoch, returns False to stop the run there
+    (`ncf tune` prunes a trial so); `score_test=False` never reads the test set (a tune's
+    trials, chosen on validation)."""
+    t_start = time.perf_counter()
+    env = env or dist_env.env_from_environ()
+    backend = get_backend(cfg.device, env.local_rank)
+    dist_env.init(env, backend.torch_device)
+    threads = torch.get_num_threads()  # _train may lower it for small CPU batches
+    try:
+        with _tf32_restored():
+            result = _train(cfg, progress, env, backend, t_start, _Hooks(on_epoch, score_test))
+        # Every rank reaches the teardown together (the SIGABRT once seen at exit was gloo's
+        # threads dropping tensors as the interpreter exited: dist_env.shutdown waits for them).
+        dist_env.barrier(env)
+        return result
+    except Exception as e:
+        if _is_oom(e):
+            raise NcfError(
+                f"out of GPU memory on {backend.torch_device}: add --micro-batch (the same steps in "
+                "less memory), lower --batch-size, --eval-batch or the model (--factors, --layers), or add --amp"
+            ) from None
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        dist_env.shutdown(env)
+
+
+@dataclass(frozen=True)
+class _Hooks:
+    """What a caller of `train` adds to the run: a say after each scored epoch, no test set."""
+
+    on_epoch: Callable[[int, dict[str, dict[str, float]]], bool] | None = None
+    score_test: bool = True
+
+
+@dataclass
+class _Totals:
+    """This invocation's training, over its epochs."""
+
+    seconds: float = 0.0
+    samples: int = 0
+    trained: int = 0  # epochs
+    stopped_early: bool = False
+
+
+def _train(
+    cfg: TrainConfig,
+    progress: Any,
+    env: DistEnv,
+    backend: Backend,
+    t_start: float,
+    hooks: _Hooks,
+) -> TrainResult:
+    """The run, top to bottom: the dataset (with a --refit's settings and validation merged
+    in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
+    each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs or
+    --target-hr."""
+    # This rank's data: all of it, or with --shard users (or auto's choice) its buckets only.
+    data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
+    run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
+    if cfg.refit is not None and not cfg.resume:
+        cfg = _refit_settings(cfg, data, env.world_size)
+        data = data.merge_validation(backend.xp)
+    if cfg.model in baselines.KINDS:
+        return _fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
+    s = start(cfg, data, env, backend, run_dir, layout)  # the resolved options, model, Adam
+    cfg = s.cfg
+    assert cfg.epochs is not None
+    run_log = open_run_dir(s, progress)
+    check_sync = env.enabled and os.environ.get("NCF_CHECK_SYNC") == "1"
+    totals = _Totals()
+    s.ddp.train()
+    builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
+    upcoming: Future[Any] | None = None
+    with (
+        removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
+        _Interrupt() as interrupt,
+        progress if progress is not None else _NullProgress() as bar,
+        builder,
+        run_log,
+    ):
+        for epoch in range(s.done + 1, cfg.epochs + 1):
+            backend.synchronize_stream()  # not the side stream building the next epoch
+            t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
+            batches = (
+                upcoming.result() if upcoming else _build_epoch(s.sampler, epoch, s.local_batch)
+            )
+            if epoch < cfg.epochs:
+                upcoming = builder.submit(_build_epoch, s.sampler, epoch + 1, s.local_batch)
+            if epoch == s.done + 1 and env.is_main:  # then the builder idles: curves.png's imports
+                builder.submit(import_plotting)
+            ep = _steps(s, batches, epoch, bar, interrupt, check_sync)
+            backend.synchronize_stream()
+            seconds = time.perf_counter() - t0
+            totals.seconds += seconds
+            done_samples = (ep.n_steps - ep.first) * s.local_batch * env.world_size
+            totals.samples += min(done_samples, ep.global_samples)
+            loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
+            scores = _end_epoch(s, epoch, ep, loss_total / max(n_seen, 1.0), seconds, run_log,
+                                bar, hooks.score_test)  # fmt: skip
+            totals.trained += 1
+            del batches  # its views keep the epoch's arrays alive
+            if scores is None:  # not a scored epoch (--eval-every)
+                continue
+            chosen_by = scores["test" if s.select == "last" else s.select]
+            if cfg.target_hr is not None and chosen_by["hr@10"] >= cfg.target_hr:
+                totals.stopped_early = epoch < cfg.epochs
+                break
+            if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
+                totals.stopped_early = epoch < cfg.epochs
+                break
+        if hooks.score_test:
+            _score_chosen(s, run_log)
+
+    if env.is_main and s.history:
+        _save_curves(run_dir / ckpt.CURVES, s.history)
+    return _result(s, totals, t_start)
+
+
+@dataclass
+class _Epoch:
+    """One epoch's steps, as `_train` reads them back."""
+
+    task: Any  # the progress bar's
+    n_steps: int
+    first: int  # the step it started from: > 0 in a run resumed mid-epoch
+    global_samples: int
+    acc: torch.Tensor  # loss sum, samples, stop flag: on the device, read a few times an epoch
+    carried: torch.Tensor  # the loss sums of the steps before `first`
+    lr_first: float | None = None  # the lr of its first step and of its last
+    lr_now: float | None = None
+
+
+def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
+    with sampler.backend.build_stream():
+        return sampler.epoch(epoch, batch_size)
+
+
+def _steps(
+    s: Session, batches: Any, epoch: int, bar: Any, interrupt: _Interrupt, check_sync: bool
+) -> _Epoch:
+    """One epoch's optimizer steps (from the checkpoint's step in a run resumed mid-epoch)."""
+    cfg, env = s.cfg, s.env
+    n_steps = len(batches)
+    global_samples = batches.n_samples * env.world_size
+    first = s.start_step if epoch == s.done + 1 else 0
+    task = bar.add_task(f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-",
+                        completed=min(global_samples, first * s.local_batch * env.world_size))  # fmt: skip
+    # Loss stays on the device; it is read (and reduced) a few times per epoch only.
+    acc = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, samples, stop flag
+    carried = torch.tensor([*(s.partial if first else [0.0, 0.0]), 0.0], dtype=torch.float64)
+    ep = _Epoch(task, n_steps, first, global_samples, acc, carried)
+    read_every = max(1, n_steps // LOSS_READS_PER_EPOCH)
+    step = first
+    dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
+    for users, items, labels, weights, prev in batches.batches(first):
+        if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
+            _seed_dropout(s.device, dropout_base, step)
+        # Set every step (a resumed run's optimizer state holds the old run's lr).
+        ep.lr_now = lr_at(cfg, (epoch - 1) * n_steps + step, n_steps)
+        ep.lr_first = ep.lr_now if ep.lr_first is None else ep.lr_first
+        for g in s.optimizer.param_groups:
+            g["lr"] = ep.lr_now * g.get("lr_scale", 1.0)
+        s.optimizer.zero_grad(set_to_none=True)
+        seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
+        loss = _step_gradients(
+            s.ddp, s.model, users, items, labels, weights, prev, cfg, s.amp_ctx, s.scaler, seqs
+        )
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        step += 1
+        acc[0] += loss.detach() * labels.shape[0]
+        acc[1] += labels.shape[0]
+        if check_sync:
+            _check_sync(s.model, env, step)
+        bar.advance(task, labels.shape[0] * env.world_size)
+        # One process stops on its own flag at once; several decide together at a read.
+        stop = interrupt.requested and not env.enabled
+        if step % read_every == 0 or step == n_steps or stop:
+            loss_total, n_seen, stop = _read(acc, carried, interrupt.requested, env)
+            mean = loss_total / max(n_seen, 1.0)
+            _check_loss(s, mean, epoch, step, n_steps)
+            bar.update(task, loss=f"{mean:.3f}")
+        if stop:
+            _interrupted(s, epoch, step, n_steps, (loss_total, n_seen))
+    return ep
+
+
+def _check_loss(s: Session, mean: float, epoch: int, step: int, n_steps: int) -> None:
+    """Stop the run on a non-finite loss, naming the last good checkpoint."""
+    if math.isfinite(mean):
+        return
+    last = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    # epoch - 1: the epochs completed, the last of which last.pt holds
+    kept = (f"the last good checkpoint is {last} (epoch {epoch - 1})"
+            if last.exists() else "no checkpoint was written")  # fmt: skip
+    raise NcfError(
+        f"the training loss became {mean} in epoch {epoch} (step {step}/{n_steps}); "
+        f"stopped, {kept}; lower --lr" + (" or drop --amp" if s.amp_dtype else "")
+    )
+
+
+def _interrupted(
+    s: Session, epoch: int, step: int, n_steps: int, loss_sums: tuple[float, float]
+) -> None:
+    """Ctrl-C: save this step in last.pt and stop with the command that continues the run."""
+    path = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    save_interrupted(s, epoch, step, loss_sums)
+    raise NcfError(
+        f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
+        f"continue with: ncf train --out {shlex.quote(str(s.run_dir))} --resume",
+        exit_code=130,
+    )  # fmt: skip
+
+
+def _end_epoch(
+    s: Session,
+    epoch: int,
+    ep: _Epoch,
+    loss: float,
+    seconds: float,
+    run_log: RunLog,
+    bar: Any,
+    score_test: bool,
+) -> dict[str, dict[str, float]] | None:
+    """Score the epoch, record it (history, best, checkpoint, metrics rows) and show it;
+    returns the scores ({split: HR@10, NDCG@10}), None for an epoch --eval-every skips.
+
+    The split that chooses (validation; test without one) is scored every --eval-every epochs
+    and at the last. Where validation chooses, the test set is not read here: the epoch that
+    becomes the run's keeps its weights (on the host) and `_score_chosen` reads test once,
+    after training (never with score_test False). A --refit run (its epochs chosen
+    beforehand) scores the test set at its last epoch only."""
+    cfg = s.cfg
+    assert cfg.eval_batch is not None and cfg.epochs is not None
+    last = epoch == cfg.epochs
+    scored = last or epoch % (cfg.eval_every or 1) == 0
+    if s.select == "last":
+        scored = last
+    record: dict[str, Any] = {"epoch": epoch, "loss": loss, "validation": None, "test": None,
+                              "train_seconds": seconds,
+                              "samples_per_second": ep.global_samples / max(seconds, 1e-9),
+                              "lr": ep.lr_first, "lr_end": ep.lr_now}  # fmt: skip
+    scores: dict[str, dict[str, float]] = {}
+    improved = False
+    if scored:
+        if s.calibration is not None:  # the sequence term's share of the score (model/sequence.py)
+            s.model.calibrate(*s.calibration)
+        choose = "test" if s.select == "last" else s.select
+        scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch,
+                                                s.full_sets)  # fmt: skip
+        improved = evaluation.improves(s.best, s.select, scores[choose], str(cfg.select_metric))
+        record.update(scores)
+        if improved:
+            s.best = {"epoch": epoch, "selected_by": s.select, "test": None, **scores}
+            if choose != "test" and score_test:  # its test figures: read after training
+                s.best_weights = _host_copy(s.model)
+    s.history.append(record)
+    if s.env.is_main:
+        save_epoch(s, epoch, improved, run_log)
+    if not scored:
+        bar.update(ep.task, loss=f"{loss:.3f}", description=f"{epoch}/{cfg.epochs} (not scored)")
+        return None
+    shown = "test" if s.select == "last" else s.select
+    got = scores[shown]
+    desc = f"{epoch}/{cfg.epochs} {shown[:3]} HR {got['hr@10']:.3f} NDCG {got['ndcg@10']:.3f}"
+    if "full-hr@10" in got:
+        desc += f" full {got['full-hr@10']:.3f} {got['full-ndcg@10']:.3f}"
+    bar.update(ep.task, loss=f"{loss:.3f}", description=desc)
+    return scores
+
+
+def _score_chosen(s: Session, run_log: RunLog) -> None:
+    """Read the test set once, for the epoch validation chose, from that epoch's weights (kept
+    by `_end_epoch`, or best.pt's where it was chosen before a --resume): the figures the run
+    reports, recorded in that epoch's row, best.pt and last.pt. Every rank takes part (the
+    sums are reduced over the ranks). Nothing to read where test chooses (it was scored with
+    each epoch), or where this choice was read already (a resumed run whose best held)."""
+    best = s.best
+    if s.select != "validation" or best is None or best.get("test") is not None:
+        return
+    weights = s.best_weights
+    if weights is None:  # chosen before this invocation
+        kept = ckpt.load_checkpoint(s.run_dir / ckpt.BEST)
+        if kept.get("epoch") != best["epoch"]:
+            raise NcfError(f"{s.run_dir / ckpt.BEST} holds epoch {kept.get('epoch')}, and the "
+                           f"run chose epoch {best['epoch']}: the run directory was changed "
+                           "by hand; train it again into a new --out")  # fmt: skip
+        weights = kept["model"]
+    assert s.cfg.eval_batch is not None
+    now = _host_copy(s.model)
+    s.model.load_state_dict(weights)
+    best["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env, s.cfg.eval_batch)
+    s.model.load_state_dict(now)
+    for row in s.history:
+        if row["epoch"] == best["epoch"]:
+            row["test"] = best["test"]
+    if s.env.is_main:
+        record_test(s, run_log)
+
+
+def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights (and buffers: the sequence term's calibrated scale) as host copies."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
+    cfg, best = s.cfg, s.best
+    assert best is not None
+    return TrainResult(
+        run_dir=str(s.run_dir), epochs=len(s.history), best_epoch=int(best["epoch"]),
+        metrics=None if best["test"] is None else {k: float(v) for k, v in best["test"].items()},
+        validation=best.get("validation"), selected_by=s.select, dataset_split=s.data.split_method,
+        samples_per_second=totals.samples / max(totals.seconds, 1e-9),
+        seconds=time.perf_counter() - t_start, trained_epochs=totals.trained,
+        stopped_early=totals.stopped_early, parameters=s.n_params, device=s.backend.describe(),
+        world_size=s.env.world_size, peak_gpu_bytes=s.backend.peak_memory_bytes(),
+        recency_weight=float(cfg.recency_weight or 0.0),
+        recency_probe=s.probed.to_dict() if s.probed is not None else None,
+        order_factors=int(cfg.order_factors or 0), shard=s.shard,
+        sequence_length=int(cfg.sequence_length or 0), sequence_note=s.sequence_note,
+        select_metric=str(cfg.select_metric),
+    )  # fmt: skip
+
+
+def _read(
+    acc: torch.Tensor, carried: torch.Tensor, stop: bool, env: DistEnv
+) -> tuple[float, float, bool]:
+    """(loss sum, samples, any rank asked to stop) over all ranks: the one host sync of a read."""
+    flag = torch.tensor([0.0, 0.0, 1.0 if stop else 0.0], dtype=acc.dtype, device=acc.device)
+    total = dist_env.all_reduce_sum(acc + flag, env).cpu() + carried
+    return float(total[0]), float(total[1]), bool(total[2] > 0)
+
+
+def _checksum(model: torch.nn.Module) -> torch.Tensor:
+    parts = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+             for p in model.parameters()]  # fmt: skip
+    return torch.cat(parts)
+
+
+def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
+    gathered = dist_env.all_gather(_checksum(model), env)
+    for r, other in enumerate(gathered):
+        if not torch.equal(other, gathered[0]):
+            raise NcfError(
+                f"NCF_CHECK_SYNC: parameters of rank {r} differ from rank 0 after step {step}"
+            )
+
+
+class _Interrupt:
+    """First Ctrl-C asks the loop to stop after the current step; a second one raises at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _Interrupt:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: keep Python's default
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class _NullProgress:
+    """Stands in for a Rich Progress when none is given (library use, tests)."""
+
+    def __enter__(self) -> _NullProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def add_task(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        return None

@@ -1,0 +1,255 @@
+"""How one optimizer step is computed: Adam (torch's, or `_CpuAdam` on the CPU), the learning
+rate of each step (`lr_at`: the warm-up, then the decay), dropout's seed, and the batch's
+gradients in micro-batches (`_step_gradients`).
+
+`--lr-decay linear|cosine` scales the learning rate down to 0 over the run's steps (a function
+of the step alone, so a resumed run follows the same schedule); it is off by default because
+it did not help on ml-100k. `--warmup-epochs N` ramps it up linearly from 0 over N epochs.
+
+Gradient accumulation (`--micro-batch M`): each rank feeds its batch forward and backward in
+slices of at most M samples, each adding its share of the batch's loss to the gradients, and
+DDP all-reduces once, on the last slice (`_step_gradients`). The optimizer steps, the lr rule
+and the results are the batch's, up to float summation order (with dropout, the masks differ),
+so a global batch larger than memory takes the same steps on fewer GPUs. NVIDIA's
+`--grads_accumulated K --batch-size B` is `--batch-size K*B --micro-batch B/ranks` here.
+
+Seeds: dropout comes from (seed, epoch, rank, step), on the CPU's or the GPU's generator
+(`_seed_dropout`), so a resumed run equals an uninterrupted one, also when it was stopped
+mid-epoch (the checkpoint holds no generator state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ncfcli.backend import Backend
+from ncfcli.errors import NcfError
+from ncfcli.training.config import TrainConfig
+
+
+class _CpuAdam:
+    """Adam for CPU runs without torch.optim: building any torch.optim optimizer imports
+    torch._dynamo, about 1.5 s, a tenth of ml-100k's whole budget. Same update (aten's fused Adam
+    kernel, as `torch.optim.Adam(fused=True)` runs) and the same state_dict layout, so a
+    checkpoint moves between CPU and GPU runs. `groups`: (parameters, lr scale) pairs, each a
+    param group whose lr is `lr_scale` x the run's (`lr_at`)."""
+
+    def __init__(
+        self, groups: list[tuple[list[Any], float]], lr: float, betas: tuple[float, float],
+        eps: float,
+    ) -> None:  # fmt: skip
+        self.param_groups: list[dict[str, Any]] = []
+        self.params: list[Any] = []
+        for params, scale in groups:
+            first = len(self.params)
+            self.params += [p for p in params if p.requires_grad]
+            self.param_groups.append({"lr": lr * scale, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0,
+                              "amsgrad": False, "maximize": False, "foreach": None,
+                              "capturable": False, "differentiable": False, "fused": True,
+                              "lr_scale": scale, "index": list(range(first, len(self.params)))})  # fmt: skip
+        self.exp_avg = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for g in self.param_groups:
+            live = [k for k in g["index"] if self.params[k].grad is not None]
+            if not live:
+                continue
+            steps = [self.steps[k] for k in live]
+            torch._foreach_add_(steps, 1.0)
+            torch._fused_adam_(
+                [self.params[k] for k in live], [self.params[k].grad for k in live],
+                [self.exp_avg[k] for k in live], [self.exp_avg_sq[k] for k in live], [], steps,
+                lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], weight_decay=0.0,
+                eps=g["eps"], amsgrad=False, maximize=False,
+            )  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: {"step": self.steps[k].clone(), "exp_avg": self.exp_avg[k].clone(),
+                     "exp_avg_sq": self.exp_avg_sq[k].clone()}
+                 for k in range(len(self.params)) if float(self.steps[k]) > 0}  # fmt: skip
+        groups = []
+        for g in self.param_groups:
+            group = {k: v for k, v in g.items() if k != "index"}
+            groups.append({**group, "params": list(g["index"])})
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        theirs = [len(g.get("params", [])) for g in sd["param_groups"]]
+        if theirs != [len(g["index"]) for g in self.param_groups]:
+            raise NcfError("the checkpoint's optimizer state does not match the model")
+        for mine, group in zip(self.param_groups, sd["param_groups"], strict=True):
+            for key in ("lr", "betas", "eps"):
+                mine[key] = tuple(group[key]) if key == "betas" else group[key]
+        for k, st in sd["state"].items():
+            k = int(k)
+            self.steps[k] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(()).clone()
+            self.exp_avg[k].copy_(st["exp_avg"])
+            self.exp_avg_sq[k].copy_(st["exp_avg_sq"])
+
+
+def make_optimizer(
+    model: torch.nn.Module,
+    cfg: TrainConfig,
+    backend: Backend,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+) -> tuple[Any, torch.amp.GradScaler]:
+    """Adam over the model's parameters (torch's fused one on a GPU or with fp16 loss scaling,
+    else `_CpuAdam`), and the loss scaler (enabled for fp16 only)."""
+    assert cfg.lr is not None  # resolved
+    betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    groups = param_groups(model)
+    optimizer: Any
+    if backend.is_cuda or scaler.is_enabled():
+        optimizer = torch.optim.Adam(
+            [{"params": ps, "lr": cfg.lr * scale, "lr_scale": scale} for ps, scale in groups],
+            lr=cfg.lr, betas=betas, eps=float(cfg.eps or 1e-8), fused=backend.is_cuda or None,
+        )  # fmt: skip
+    else:
+        optimizer = _CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
+    return optimizer, scaler
+
+
+# The sequence term's lr, a fraction of the run's: its Transformer overfits at MF's lr. On
+# Beauty's validation split, 0.004 (MF's) peaked in 4 epochs and fell on the sampled protocol,
+# 0.001 held its level from epoch 8 to 16 while full ranking kept improving (docs/train.md).
+SEQUENCE_LR_SCALE = 0.25
+
+
+def param_groups(model: torch.nn.Module) -> list[tuple[list[Any], float]]:
+    """(parameters, lr scale) per Adam param group: the model's, then a sequence term's own."""
+    sequence = getattr(model, "sequence", None)
+    if sequence is None:
+        return [(list(model.parameters()), 1.0)]
+    own = {id(p) for p in sequence.parameters()}
+    rest = [p for p in model.parameters() if id(p) not in own]
+    return [(rest, 1.0), (list(sequence.parameters()), SEQUENCE_LR_SCALE)]
+
+
+def _decay(kind: str, done: float) -> float:
+    """The lr multiplier after `done` (0..1) of the run's steps: 1 at the start, 0 at the end."""
+    if kind == "linear":
+        return 1.0 - done
+    return 0.5 * (1.0 + math.cos(math.pi * done))  # cosine
+
+
+def lr_at(cfg: TrainConfig, k: int, n_steps: int) -> float:
+    """The lr of the run's step `k` (0-based, counted over all epochs of `n_steps` steps): the
+    resolved --lr, ramped up over --warmup-epochs, then scaled by the --lr-decay."""
+    assert cfg.lr is not None and cfg.epochs is not None  # resolved
+    lr_peak = cfg.lr
+    warm_steps = (cfg.warmup_epochs or 0) * n_steps
+    decay_steps = cfg.epochs * n_steps if cfg.lr_decay not in (None, "none") else 0
+    lr_now = lr_peak
+    if warm_steps:
+        lr_now = lr_peak * min(1.0, (k + 1) / warm_steps)
+    if decay_steps:
+        lr_now *= _decay(str(cfg.lr_decay), k / decay_steps)
+    return lr_now
+
+
+def _seed_for(*parts: int) -> int:
+    return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _seed_dropout(device: torch.device, base: int, step: int) -> None:
+    """Seed the generator dropout draws from on `device` for one step, from the epoch's
+    `base` = _seed_for(seed, epoch, rank): the masks are then a function of (seed, epoch, rank,
+    step), so a run resumed mid-epoch draws what the uninterrupted one drew, on every rank and
+    device (the CUDA generator included), with no generator state saved.
+
+    The generator itself is seeded (about 1 us): torch.manual_seed also queues a CUDA seeding
+    with a stack trace, 0.5 ms a step. The step is mixed in with an odd multiplier (distinct
+    seeds; mt19937 and Philox decorrelate neighbouring ones).
+    """
+    value = (base + step * 0x9E3779B97F4A7C15) & ((1 << 63) - 1)
+    if device.type == "cuda":
+        torch.cuda.default_generators[device.index or 0].manual_seed(value)
+    else:
+        torch.default_generator.manual_seed(value)
+
+
+def _slice_loss(
+    ddp: torch.nn.Module,
+    model: Any,
+    users: torch.Tensor,
+    items: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    prev: torch.Tensor | None,
+    l2: float,
+    n: int,
+) -> torch.Tensor:
+    """These rows' share of a batch of n samples' loss: the weighted BCE (their mean when they
+    are the whole batch, as a plain step computes it, else their sum / n) plus the L2 of their
+    embedding rows / n. `prev`: the order term's previous items, or None without one."""
+    logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
+    if labels.shape[0] == n:
+        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
+    else:
+        loss = F.binary_cross_entropy_with_logits(
+            logits, labels, weight=weights, reduction="sum"
+        ).div(n)
+    if l2:
+        # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
+        loss = loss + l2 * model.row_sq_sum(users, items, prev) / n
+    return loss
+
+
+def _step_gradients(
+    ddp: torch.nn.Module,
+    model: Any,
+    users: torch.Tensor,
+    items: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor | None,
+    prev: torch.Tensor | None,
+    cfg: TrainConfig,
+    amp_ctx: Any,
+    scaler: torch.amp.GradScaler,
+    seqs: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+) -> torch.Tensor:
+    """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
+    gradients, in slices of at most cfg.micro_batch samples (gradient accumulation: each slice
+    adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
+    `seqs` (sequences, negatives, the step's next items, ranks), with a sequence term: its own
+    loss joins the last slice's (the two read disjoint parameters). DDP all-reduces once, on the
+    last slice. Returns the batch's pointwise loss, detached."""
+    n = labels.shape[0]
+    l2 = float(cfg.l2 or 0.0)
+    size = min(n, cfg.micro_batch or n)
+    if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
+        with amp_ctx():
+            loss = _slice_loss(ddp, model, users, items, labels, weights, prev, l2, n)
+            extra = model.sequence_loss(*seqs) if seqs is not None else 0.0
+        scaler.scale(loss + extra).backward()
+        return loss.detach()
+    total = torch.zeros((), dtype=torch.float32, device=labels.device)
+    no_sync: Any = getattr(ddp, "no_sync", None)  # DistributedDataParallel's
+    for lo in range(0, n, size):
+        hi = min(n, lo + size)
+        sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
+        w = weights[lo:hi] if weights is not None else None
+        p = prev[lo:hi] if prev is not None else None
+        with sync:  # backward under no_sync too: it is where DDP would all-reduce
+            with amp_ctx():
+                loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, p,
+                                   l2, n)  # fmt: skip
+                extra = model.sequence_loss(*seqs) if hi == n and seqs is not None else 0.0
+            scaler.scale(loss + extra).backward()
+        total += loss.detach()
+    return total
