@@ -1,6 +1,6 @@
 """ncfcli: GPU-first Neural Collaborative Filtering. Run `ncf --help`.
 
-    from ncfcli import prepare, train, evaluate, export, recommend   # the Python API (api.py)
+The Python API (api.py): `from ncfcli import prepare, train, tune, evaluate, export, recommend`.
 
 Importing the package stays light: the API functions load torch and the data when called.
 """

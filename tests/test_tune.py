@@ -79,7 +79,7 @@ def test_a_stopped_tune_resumes_where_it_stopped(data: Path, tmp_path: Path) -> 
     assert ncf("tune", data, "--trials", 2, "--out", out, *SMALL).exit_code == 0
     first = {t.number: t.params for t in _study(out).get_trials()}
     # A new study starts from `ncf train`'s defaults for this dataset.
-    from ncfcli.data.dataset import read_meta
+    from ncfcli.data.store import read_meta
     from ncfcli.tuning.space import default_params
 
     assert first[0] == default_params(("mf", "pop"), read_meta(data)) and first[0]["model"] == "mf"
@@ -177,8 +177,8 @@ def test_the_table_and_plot_are_written_under_this_process_own_temporary_names(
     monkeypatch.setattr(os, "replace", lambda a, b: (moved.append(Path(a).name), real(a, b))[1])
     rows = [{"number": 0, "state": "complete", "model": "mf", "params": {"factors": 8},
              "value": 0.5, "validation_hr@10": 0.5, "epochs": 1, "seconds": 1.0}]  # fmt: skip
-    report._write_table(tmp_path / report.TABLE, rows)
-    report._plot(tmp_path / report.PLOT, rows, "hr@10")
+    report.write_table(tmp_path / report.TABLE, rows)
+    report.plot(tmp_path / report.PLOT, rows, "hr@10")
     assert len(moved) == 2 and all(name.endswith(f"-{os.getpid()}") for name in moved), moved
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.TABLE, report.PLOT])
     assert (tmp_path / report.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -224,7 +224,7 @@ def test_the_budget_and_time_used_count_every_invocation_whole(
     start plus what the others left, and the time used it reports is every second so far."""
     import ncfcli
     from ncfcli.errors import NcfError
-    from ncfcli.tuning import report, run, search
+    from ncfcli.tuning import report, run, search, workers
 
     clock = FakeClock()
     monkeypatch.setattr(search, "clock", clock)
@@ -249,7 +249,7 @@ def test_the_budget_and_time_used_count_every_invocation_whole(
         clock.now += 2.0
         return got
 
-    monkeypatch.setattr(search, "work", work)
+    monkeypatch.setattr(workers, "work", work)
     monkeypatch.setattr(run, "usable_kinds", setup)
     monkeypatch.setattr(report, "finish", finish)
     out = tmp_path / "t"
@@ -289,13 +289,13 @@ def test_a_baseline_fit_that_cannot_end_by_the_deadline_is_not_started(
                         lambda cfg, *a, **k: (fitted.append(cfg.kind), real_fit(cfg, *a, **k))[1])  # fmt: skip
     args = ["--budget", 100, "--trials", 3, "--models", "ease,pop", *CPU]
     # This machine fitting EASE on 80 items in about 0.1 s: it runs.
-    monkeypatch.setattr(cost, "_RATE", {"cpu": 80**3 / 0.1})
+    monkeypatch.setattr(cost, "RATES", {"cpu": 80**3 / 0.1})
     res = ncf("tune", data, "--out", tmp_path / "fast", *args)
     assert res.exit_code == 0, res.output
     assert "ease" in fitted and "skipped" not in res.output
     # ... in about 1,000 s: never started; pop's trials end the search.
     fitted.clear()
-    monkeypatch.setattr(cost, "_RATE", {"cpu": 80**3 / 1000.0})
+    monkeypatch.setattr(cost, "RATES", {"cpu": 80**3 / 1000.0})
     res = ncf("tune", data, "--out", tmp_path / "slow", *args)
     assert res.exit_code == 0, res.output
     assert fitted == ["pop"], fitted
@@ -330,7 +330,7 @@ def test_trials_that_all_fail_end_the_search_in_one_line(
 ) -> None:
     """--trials counts trials that ended: with every trial failing it would never be reached."""
     from ncfcli.model import baselines
-    from ncfcli.tuning.search import FAILS_IN_A_ROW
+    from ncfcli.tuning.workers import FAILS_IN_A_ROW
 
     calls: list[int] = []
 
@@ -417,7 +417,8 @@ def test_quiet_prints_no_trial_lines(data: Path, tmp_path: Path,
 
 def test_a_pruned_trial_says_so_with_its_epoch() -> None:
     from ncfcli.tuning.config import TuneConfig
-    from ncfcli.tuning.search import Progress, Stop
+    from ncfcli.tuning.search import Stop
+    from ncfcli.tuning.workers import Progress
 
     study = optuna.create_study(direction="maximize")
     dist = {"model": optuna.distributions.CategoricalDistribution(["mf"])}
@@ -425,7 +426,7 @@ def test_a_pruned_trial_says_so_with_its_epoch() -> None:
         params={"model": "mf"}, distributions=dist, state=optuna.trial.TrialState.PRUNED,
         intermediate_values={1: 0.3, 2: 0.4}))  # fmt: skip
     cfg = TuneConfig(data_dir=".", trials=1, models=("mf",))
-    line = Progress(cfg, None, Stop(), True)._line(study, study.trials[0], "mf", None)
+    line = Progress(cfg, None, Stop(), True).line(study, study.trials[0], "mf", None)
     assert line == "trial 0 mf: pruned at epoch 2; no finished trial yet"
 
 
@@ -433,7 +434,7 @@ def test_a_worker_whose_parent_is_gone_stops_after_its_trial(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A --jobs worker is its own process group: a parent killed outright leaves it running."""
-    from ncfcli.tuning import search
+    from ncfcli.tuning import search, workers
     from ncfcli.tuning.config import TuneConfig
 
     class Study:
@@ -447,12 +448,12 @@ def test_a_worker_whose_parent_is_gone_stops_after_its_trial(
 
     dist = {"model": optuna.distributions.CategoricalDistribution(["pop"])}
     trial = optuna.trial.create_trial(params={"model": "pop"}, distributions=dist, value=0.5)
-    progress = search.Progress(TuneConfig(data_dir=".", trials=9), None, search.Stop(), True)
+    progress = workers.Progress(TuneConfig(data_dir=".", trials=9), None, search.Stop(), True)
     study = Study()
-    monkeypatch.setattr(search, "parent", os.getppid())
+    monkeypatch.setattr(workers, "parent", os.getppid())
     progress(study, trial)
     assert study.stopped == 0
-    monkeypatch.setattr(search, "parent", -1)  # the parent it started under is not its parent
+    monkeypatch.setattr(workers, "parent", -1)  # the parent it started under is not its parent
     progress(study, trial)
     assert study.stopped == 1
 
@@ -543,7 +544,7 @@ def test_a_fit_is_allowed_the_longest_fit_of_its_kind_seen(monkeypatch: pytest.M
     machine already took for that kind in the study."""
     from ncfcli.tuning import cost
 
-    monkeypatch.setitem(cost._RATE, "cpu", 1e9)
+    monkeypatch.setitem(cost.RATES, "cpu", 1e9)
     meta = {"n_items": 400, "n_users": 50, "n_train": 1000}
     est = cost.fit_seconds("ease", {}, meta, "cpu")
     assert est == pytest.approx(cost.SAFETY * (400**3 + 2.0 * 1000 * 400) / 1e9)
@@ -555,11 +556,11 @@ def test_a_fit_is_allowed_the_longest_fit_of_its_kind_seen(monkeypatch: pytest.M
 @pytest.mark.parametrize("visible", ["2,3", "GPU-aa11,GPU-bb22", None])
 def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyPatch,
                                                      visible: str | None) -> None:  # fmt: skip
-    from ncfcli.tuning import search
+    from ncfcli.tuning import workers
     from ncfcli.tuning.config import TuneConfig
 
     seen: list[tuple[str, str]] = []
-    monkeypatch.setattr(search, "_search", lambda cfg, path, worker, deadline, device, *rest:
+    monkeypatch.setattr(workers, "search_trials", lambda cfg, path, worker, deadline, device, *rest:
                         seen.append((os.environ["CUDA_VISIBLE_DEVICES"], device)))  # fmt: skip
     cfg = asdict(TuneConfig(data_dir=".", trials=1))
     for worker in range(4):  # each worker a process of its own, started with the parent's list
@@ -567,7 +568,7 @@ def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyP
             monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
         else:
             monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        search.work(cfg, ".", worker, None, gpus=2)
+        workers.work(cfg, ".", worker, None, gpus=2)
     expected = (visible or "0,1").split(",")
     assert seen == [(expected[w % 2], "cuda") for w in range(4)]
 

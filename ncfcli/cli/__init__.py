@@ -16,5 +16,14 @@ for _command in COMMANDS:
 
 from ncfcli.cli.train_command import TRAIN_CHOICES  # noqa: E402
 
-__all__ = ["ALIASES", "COMMANDS", "TRAIN_CHOICES", "app", "apply_aliases", "as_typed", "fail",
-           "main", "user_errors"]  # fmt: skip
+__all__ = [
+    "ALIASES",
+    "COMMANDS",
+    "TRAIN_CHOICES",
+    "app",
+    "apply_aliases",
+    "as_typed",
+    "fail",
+    "main",
+    "user_errors",
+]

@@ -17,6 +17,7 @@ import typer
 
 from ncfcli.errors import NcfError, is_device_oom
 from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
+from ncfcli.version import __version__
 
 
 def _bare_flags(params: list[Any]) -> list[Any]:
@@ -130,9 +131,12 @@ class NcfCommand(typer.core.TyperCommand):
 
 def device_option() -> Any:
     return typer.Option(
-        "auto", "--device", help=DEVICE_HELP,
-        envvar="NCF_DEVICE", rich_help_panel=DEVICES,
-    )  # fmt: skip
+        "auto",
+        "--device",
+        help=DEVICE_HELP,
+        envvar="NCF_DEVICE",
+        rich_help_panel=DEVICES,
+    )
 
 
 def json_option(what: str = "Print one JSON object on stdout instead of tables.") -> Any:
@@ -151,9 +155,11 @@ def overwrite_option(
 
 def run_arg() -> Any:
     return typer.Argument(
-        ..., help="Run directory written by `ncf train`, or its name under ./runs.",
-        show_default=False, metavar="RUN_DIR",
-    )  # fmt: skip
+        ...,
+        help="Run directory written by `ncf train`, or its name under ./runs.",
+        show_default=False,
+        metavar="RUN_DIR",
+    )
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -179,9 +185,11 @@ def user_errors(func: F) -> F:
         except MemoryError as e:
             if is_device_oom(e):  # CuPy's and RMM's GPU errors are MemoryErrors too
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-                raise fail(f"out of GPU memory ({why}); use a smaller batch (--batch-size, "
-                           "--eval-batch), dataset or model; docs/gpu-memory.md plans the "
-                           "memory") from None  # fmt: skip
+                raise fail(
+                    f"out of GPU memory ({why}); use a smaller batch (--batch-size, "
+                    "--eval-batch), dataset or model; docs/gpu-memory.md plans the "
+                    "memory"
+                ) from None
             raise fail("out of host memory; use a smaller dataset or batch") from None
 
     return wrapper  # type: ignore[return-value]
@@ -189,8 +197,6 @@ def user_errors(func: F) -> F:
 
 def _version(value: bool) -> None:
     if value:
-        from ncfcli.version import __version__
-
         sys.stdout.write(f"ncfcli {__version__}\n")
         raise typer.Exit()
 

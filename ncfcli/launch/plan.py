@@ -4,7 +4,7 @@
 `python -m ncfcli train ...` N times on this node, without the launch options, with the
 variables torchrun would set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR, MASTER_PORT), so a worker cannot tell this launcher from torchrun and
-`ncfcli.launch.distributed.env_from_environ` reads both the same way. Several nodes: run the same
+`ncfcli.launch.environment.env_from_environ` reads both the same way. Several nodes: run the same
 command on each with `--nnodes`, `--node-rank` and `--master-addr` (docs/distributed.md).
 
 Why a small supervisor of our own and not torch's elastic agent (`torch.distributed.run`):
@@ -22,7 +22,7 @@ redirects all of it to files. We need three things it does not give directly:
 - no hang: a waiter thread per worker reports its exit the moment it happens; the first worker
   to fail gets the others SIGTERM, then SIGKILL after a grace period. Workers run in their own
   process groups and die with the launcher (Linux parent-death signal), and every collective
-  has a timeout (NCF_DIST_TIMEOUT, ncfcli.launch.distributed) for a rank on another node that stops
+  has a timeout (NCF_DIST_TIMEOUT, ncfcli.launch.environment) for a rank on another node that stops
   answering.
 
 Ctrl-C (or SIGTERM) is forwarded once as SIGINT so rank 0 can write its checkpoint; a second
@@ -40,7 +40,9 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from ncfcli import backend
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import in_slurm_step
 from ncfcli.launch.workers import LaunchPlan, supervise
 
 LAUNCH_FLAGS = ("--gpus", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
@@ -56,8 +58,6 @@ def should_launch(
     for a plain one-process run; True whenever a launch option was given otherwise, so that
     `launch_train` validates it (`--nproc 0`, `--gpus 1` without a GPU) instead of ignoring it.
     """
-    from ncfcli.launch.distributed import in_slurm_step
-
     environ = dict(os.environ if environ is None else environ)
     if environ.get("WORLD_SIZE") or in_slurm_step(environ):
         return False
@@ -136,9 +136,13 @@ def _train_args(argv: Sequence[str]) -> list[str]:
 
 
 def check_launch_flags(
-    nproc: int | None, gpus: int | None, nnodes: int = 1, node_rank: int = 0,
-    master_addr: str | None = None, master_port: int | None = None,
-) -> None:  # fmt: skip
+    nproc: int | None,
+    gpus: int | None,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+) -> None:
     """One-line NcfError naming the flag for a launch option that cannot work (`--nproc 0`).
 
     Needs no torch: `ncf train` calls it before loading torch, so a typo costs no wait.
@@ -214,8 +218,6 @@ def plan_launch(
 
 
 def _check_gpus(gpus: int, world: int) -> None:
-    from ncfcli import backend
-
     visible, why = backend.cuda_status()
     if not visible:
         raise NcfError(

@@ -21,9 +21,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import IO, Any
 
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import first_line, timeout_seconds
 
 
 @dataclass(frozen=True)
@@ -375,19 +377,20 @@ def host_store(plan: LaunchPlan) -> Any:
     was gloo's threads releasing tensors as a rank's interpreter exited: distributed.shutdown.)"""
     if plan.node_rank != 0 or plan.world_size < 2:
         return None
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from ncfcli.launch.distributed import _first_line, timeout_seconds
+    import torch.distributed as dist  # here: planning a launch loads no torch
 
     try:
-        return dist.TCPStore(plan.master_addr, plan.master_port, plan.world_size, is_master=True,
-                             timeout=timedelta(seconds=timeout_seconds()),
-                             wait_for_workers=False)  # fmt: skip
+        return dist.TCPStore(
+            plan.master_addr,
+            plan.master_port,
+            plan.world_size,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_seconds()),
+            wait_for_workers=False,
+        )
     except (RuntimeError, OSError) as e:
         raise NcfError(
-            f"cannot listen on --master-port {plan.master_port}: {_first_line(e)}"
+            f"cannot listen on --master-port {plan.master_port}: {first_line(e)}"
         ) from None
 
 
@@ -455,8 +458,9 @@ def _first_failure(
     return None
 
 
-def _report(out: IO[str], workers: list[_Worker], failed: tuple[_Worker, int] | None,
-            code: int) -> int:  # fmt: skip
+def _report(
+    out: IO[str], workers: list[_Worker], failed: tuple[_Worker, int] | None, code: int
+) -> int:
     """After the workers stopped: the failed rank's one error line, or else the lines rank 0
     held back (its own message); returns `code`."""
     for w in workers:

@@ -46,28 +46,45 @@ class TuneConfig:
     """Options of `ncf tune`; saved in the tune directory (tune.json)."""
 
     data_dir: str = opt(
-        help="Prepared dataset directory (or its cache name).", panel=None, metavar="DATA_DIR",
+        help="Prepared dataset directory (or its cache name).",
+        panel=None,
+        metavar="DATA_DIR",
         parse=prepared,
-    )  # fmt: skip
+    )
     out: str | None = opt(
-        None, "Tune directory: the study, the trials, the chosen run, the report.", OUTPUT,
-        flags=("--out", "-o"), shown="./tunes/<dataset name>",
-    )  # fmt: skip
+        None,
+        "Tune directory: the study, the trials, the chosen run, the report.",
+        OUTPUT,
+        flags=("--out", "-o"),
+        shown="./tunes/<dataset name>",
+    )
     budget: float | None = opt(
-        None, "Wall time to search, over every resume (20m, 1h30m, 900).", EVAL,
-        cli_type=str, parse=parse_duration, shown="--trials alone",
-    )  # fmt: skip
+        None,
+        "Wall time to search, over every resume (20m, 1h30m, 900).",
+        EVAL,
+        cli_type=str,
+        parse=parse_duration,
+        shown="--trials alone",
+    )
     trials: int | None = opt(
-        None, "Trials to finish, over every resume and every process sharing the study.", EVAL,
+        None,
+        "Trials to finish, over every resume and every process sharing the study.",
+        EVAL,
         shown="--budget alone",
-    )  # fmt: skip
+    )
     models: tuple[str, ...] = opt(
-        DEFAULT_KINDS, "Model kinds to search (comma-separated).", MODEL, cli_type=str,
-        cli_default=",".join(DEFAULT_KINDS), parse=parse_models, shown=",".join(DEFAULT_KINDS),
-    )  # fmt: skip
+        DEFAULT_KINDS,
+        "Model kinds to search (comma-separated).",
+        MODEL,
+        cli_type=str,
+        cli_default=",".join(DEFAULT_KINDS),
+        parse=parse_models,
+        shown=",".join(DEFAULT_KINDS),
+    )
     max_epochs: int = opt(20, "Epochs of a trial that is never pruned.", EVAL)
-    jobs: int = opt(1, "Trials at once: worker processes (one per GPU with --device cuda).",
-                    DEVICES)  # fmt: skip
+    jobs: int = opt(
+        1, "Trials at once: worker processes (one per GPU with --device cuda).", DEVICES
+    )
     seed: int = opt(0, "Seeds the sampler; every trial trains with seed 0.", EVAL)
     select_metric: str = opt("hr@10", SELECT_HELP, EVAL)
     device: str = opt("auto", DEVICE_HELP, DEVICES, envvar="NCF_DEVICE")
@@ -85,5 +102,7 @@ class TuneConfig:
             raise NcfError(f"--jobs must be >= 1, got {self.jobs}")
         parse_models(self.models)
         if self.select_metric not in SELECT_METRICS:
-            raise NcfError(f"--select-metric must be one of {', '.join(SELECT_METRICS)}, got "
-                           f"{self.select_metric!r}")  # fmt: skip
+            raise NcfError(
+                f"--select-metric must be one of {', '.join(SELECT_METRICS)}, got "
+                f"{self.select_metric!r}"
+            )

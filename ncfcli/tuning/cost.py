@@ -19,7 +19,7 @@ from typing import Any
 CALIBRATION = 768  # items of the calibration's inverse: about 0.1 s on one core
 SAFETY = 2.0
 SPARSE = 20.0  # a sparse product's operations run about this much slower than a dense one's
-_RATE: dict[str, float] = {}  # device -> operations a second, measured once per process
+RATES: dict[str, float] = {}  # device -> operations a second, measured once per process
 
 
 def operations(kind: str, params: dict[str, Any], meta: dict[str, Any]) -> float:
@@ -40,7 +40,7 @@ def operations(kind: str, params: dict[str, Any], meta: dict[str, Any]) -> float
 
 def operations_per_second(device: str) -> float:
     """This machine's float64 Cholesky-inverse speed on `device` (cpu or cuda), once a process."""
-    if device not in _RATE:
+    if device not in RATES:
         import torch
 
         dev = torch.device(device)
@@ -57,12 +57,13 @@ def operations_per_second(device: str) -> float:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             best = min(best, time.perf_counter() - t0)
-        _RATE[device] = CALIBRATION**3 / max(best, 1e-9)
-    return _RATE[device]
+        RATES[device] = CALIBRATION**3 / max(best, 1e-9)
+    return RATES[device]
 
 
-def fit_seconds(kind: str, params: dict[str, Any], meta: dict[str, Any], device: str,
-                seen: float = 0.0) -> float:  # fmt: skip
+def fit_seconds(
+    kind: str, params: dict[str, Any], meta: dict[str, Any], device: str, seen: float = 0.0
+) -> float:
     """The seconds to allow one fit of `kind`; `seen`: the longest fit of it in the study."""
     work = operations(kind, params, meta)
     if work <= 0.0:

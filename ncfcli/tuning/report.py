@@ -23,9 +23,11 @@ from typing import Any
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, atomic_write_text, read_json_record, record_written
+from ncfcli.serve.config import EvalConfig
+from ncfcli.serve.evaluation import run_eval
 from ncfcli.training.config import SELECT_METRICS
 from ncfcli.tuning import space
-from ncfcli.tuning.search import TRIALS_DIR, _optuna, best_trial, spent, validation_figures
+from ncfcli.tuning.search import TRIALS_DIR, best_trial, load_optuna, spent, validation_figures
 
 REPORT, TABLE, PLOT, BEST = "report.json", "trials.csv", "validation.png", "best"
 KIND = "tune"
@@ -39,20 +41,25 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
         state = t.state.name.lower()
         if state == "fail":  # why: skipped for time, interrupted (rerun on resume), or an error
             state = next((k for k in ("skipped", "interrupted") if t.user_attrs.get(k)), state)
-        rows.append({
-            "number": t.number, "state": state, "model": plain.pop("model", None),
-            "params": plain, "value": t.value,
-            **{f"validation_{m}": figures.get(m) for m in SELECT_METRICS},
-            "epochs": t.user_attrs.get("epochs", t.last_step),
-            "seconds": (t.duration.total_seconds() if t.duration is not None else None),
-        })  # fmt: skip
+        rows.append(
+            {
+                "number": t.number,
+                "state": state,
+                "model": plain.pop("model", None),
+                "params": plain,
+                "value": t.value,
+                **{f"validation_{m}": figures.get(m) for m in SELECT_METRICS},
+                "epochs": t.user_attrs.get("epochs", t.last_step),
+                "seconds": (t.duration.total_seconds() if t.duration is not None else None),
+            }
+        )
     return rows
 
 
 def importances(study: Any) -> dict[str, dict[str, float]]:
     """{"all": ..., kind: ...}: fANOVA importances of the settings over the finished trials,
     across kinds (the settings every trial has: the kind) and within each kind with 3 or more."""
-    optuna = _optuna()
+    optuna = load_optuna()
     states = optuna.trial.TrialState
     done = study.get_trials(deepcopy=False, states=(states.COMPLETE,))
     out: dict[str, dict[str, float]] = {}
@@ -82,26 +89,33 @@ def _importance(optuna: Any, study: Any, params: list[str]) -> dict[str, float]:
 def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) -> dict[str, Any]:
     """The chosen run (tested once), then the report files; returns the report."""
     old = read_json_record(tune_dir / REPORT)
-    states = _optuna().trial.TrialState
+    states = load_optuna().trial.TrialState
     # Trials that had ended when the best was chosen: only their runs may be removed (another
     # process sharing the study may be training one right now, or about to report it).
-    ended = {t.number for t in study.get_trials(deepcopy=False)
-             if t.state in (states.COMPLETE, states.PRUNED, states.FAIL)}  # fmt: skip
+    ended = {
+        t.number
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (states.COMPLETE, states.PRUNED, states.FAIL)
+    }
     metric = str(cfg_json.get("select_metric") or "hr@10")
     best = best_trial(study, metric)
     chosen = old.get("best") if old else None
     if best is not None and (chosen is None or chosen.get("number") != best.number):
         chosen = _choose(best, tune_dir, device)
     report = {
-        "kind": KIND, "config": cfg_json, "select_metric": metric,
+        "kind": KIND,
+        "config": cfg_json,
+        "select_metric": metric,
         "spent_seconds": round(spent(study), 1),
-        "trials": trial_rows(study), "best": chosen, "importances": importances(study),
-    }  # fmt: skip
+        "trials": trial_rows(study),
+        "best": chosen,
+        "importances": importances(study),
+    }
     atomic_write_text(tune_dir / REPORT, json.dumps(report, indent=2, default=str) + "\n")
     rows = report["trials"]
     assert isinstance(rows, list)
-    _write_table(tune_dir / TABLE, rows)
-    _plot(tune_dir / PLOT, rows, metric)
+    write_table(tune_dir / TABLE, rows)
+    plot(tune_dir / PLOT, rows, metric)
     record_written(tune_dir, [REPORT, TABLE, PLOT], kind=KIND)
     _prune_dirs(tune_dir, chosen, ended)
     return report
@@ -109,8 +123,6 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
 
 def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
     """Copy the trial's run to TUNE_DIR/best and read its test set, once per protocol."""
-    from ncfcli.serve.evaluation import EvalConfig, run_eval
-
     src = Path(best.user_attrs["run_dir"])
     if not (src / "config.json").is_file():
         raise NcfError(f"the chosen trial's run {src} is missing: run the tune again")
@@ -129,10 +141,15 @@ def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
         res = run_eval(dest, EvalConfig(ks=(10,), full_ranking=full), device).result
         test["full" if full else "sampled"] = {k: round(v, 4) for k, v in res["metrics"].items()}
     plain = space.plain(best.params)
-    return {"number": best.number, "model": plain.pop("model"), "params": plain,
-            "validation": validation_figures(best),
-            "best_epoch": best.user_attrs.get("best_epoch"), "test": test,
-            "run_dir": str(dest)}  # fmt: skip
+    return {
+        "number": best.number,
+        "model": plain.pop("model"),
+        "params": plain,
+        "validation": validation_figures(best),
+        "best_epoch": best.user_attrs.get("best_epoch"),
+        "test": test,
+        "run_dir": str(dest),
+    }
 
 
 def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) -> None:
@@ -146,9 +163,17 @@ def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) 
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
-    names = ["number", "state", "model", "value", *(f"validation_{m}" for m in SELECT_METRICS),
-             "epochs", "seconds", "params"]  # fmt: skip
+def write_table(path: Path, rows: list[dict[str, Any]]) -> None:
+    names = [
+        "number",
+        "state",
+        "model",
+        "value",
+        *(f"validation_{m}" for m in SELECT_METRICS),
+        "epochs",
+        "seconds",
+        "params",
+    ]
     # A temporary name of this process's own: processes sharing the study write these too.
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=names)
@@ -157,7 +182,7 @@ def _write_table(path: Path, rows: list[dict[str, Any]]) -> None:
             w.writerow({**r, "params": json.dumps(r["params"], sort_keys=True)})
 
 
-def _plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
+def plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
     """Each finished trial's figure of --select-metric (`metric`), and the best so far."""
     import matplotlib
 
@@ -169,8 +194,7 @@ def _plot(path: Path, rows: list[dict[str, Any]], metric: str) -> None:
     kinds = sorted({r["model"] for r in done})
     for kind in kinds:
         mine = [r for r in done if r["model"] == kind]
-        ax.scatter([r["number"] for r in mine], [r["value"] for r in mine], s=14,
-                   label=kind)  # fmt: skip
+        ax.scatter([r["number"] for r in mine], [r["value"] for r in mine], s=14, label=kind)
     best, xs, ys = -1.0, [], []
     for r in sorted(done, key=lambda r: r["number"]):
         best = max(best, r["value"])

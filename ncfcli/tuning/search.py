@@ -22,10 +22,7 @@
   fit where it is): they are failed as `interrupted`, their runs removed, and the next
   invocation runs them again with the same settings (the default trial included). No trial's
   error ends the search or prints a traceback: the trial fails with its error's first line.
-- **Workers**: `--jobs J` runs J processes on the one study (with `--device cuda`, process j
-  sees the j-th GPU of the parent's CUDA_VISIBLE_DEVICES, modulo the GPU count; on a CPU each
-  gets its share of the cores). A worker is its own process group: Ctrl-C reaches the parent,
-  which passes it on to each worker once.
+- **Workers**: `--jobs J` processes share the study (workers.py).
 """
 
 from __future__ import annotations
@@ -34,17 +31,17 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
-from ncfcli.model.kinds import KINDS as BASELINES
-from ncfcli.training.config import selection_key
+from ncfcli.model.kinds import BASELINES
+from ncfcli.training import loop
+from ncfcli.training.config import TrainConfig, selection_key
 from ncfcli.tuning import cost, space
 from ncfcli.tuning.config import TuneConfig
 
@@ -55,14 +52,13 @@ SPENT = "spent_seconds"  # older studies' one record of the wall time used, over
 INVOCATION = "invocation:"  # + host:pid:start -> the wall seconds that invocation has used
 STARTUP_TRIALS = 8  # random trials before TPE models the space
 HEARTBEAT = 10.0  # seconds between an invocation's records of its time
-FAILS_IN_A_ROW = 5  # a worker whose trials fail this many times in a row stops the search
 INTERRUPTED = 130  # a worker's exit code after Ctrl-C (the shell's for SIGINT)
 
 clock = time.time  # every reading of the time in the search (tests put a fake clock here)
-parent: int | None = None  # a --jobs worker's parent process: the worker stops once it is gone
 
 
-def _optuna() -> Any:
+def load_optuna() -> Any:
+    """Optuna, quiet but for errors; one line when it is not installed."""
     try:
         import optuna
     except ImportError:
@@ -74,7 +70,7 @@ def _optuna() -> Any:
 
 
 def storage(tune_dir: Path) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     from optuna.storages.journal import JournalFileBackend
 
     return optuna.storages.JournalStorage(JournalFileBackend(str(tune_dir / STUDY_FILE)))
@@ -82,21 +78,33 @@ def storage(tune_dir: Path) -> Any:
 
 def open_study(tune_dir: Path, cfg: TuneConfig, worker: int = 0) -> Any:
     """The tune directory's study, created on first use; its sampler seeded for this worker."""
-    optuna = _optuna()
+    optuna = load_optuna()
     store = storage(tune_dir)
     known = {s.study_name: s.n_trials for s in optuna.study.get_all_study_summaries(store)}
     seed = (cfg.seed * 1_000_003 + worker * 7919 + known.get(STUDY_NAME, 0)) % 2**31
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                         constant_liar=True, n_startup_trials=STARTUP_TRIALS)  # fmt: skip
-    pruner = optuna.pruners.HyperbandPruner(min_resource=1, max_resource=cfg.max_epochs,
-                                            reduction_factor=3)  # fmt: skip
-    return optuna.create_study(study_name=STUDY_NAME, storage=store, sampler=sampler,
-                               pruner=pruner, direction="maximize", load_if_exists=True)  # fmt: skip
+    sampler = optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        group=True,
+        constant_liar=True,
+        n_startup_trials=STARTUP_TRIALS,
+    )
+    pruner = optuna.pruners.HyperbandPruner(
+        min_resource=1, max_resource=cfg.max_epochs, reduction_factor=3
+    )
+    return optuna.create_study(
+        study_name=STUDY_NAME,
+        storage=store,
+        sampler=sampler,
+        pruner=pruner,
+        direction="maximize",
+        load_if_exists=True,
+    )
 
 
 def ended(study: Any) -> int:
     """Trials that ended with a result (finished or pruned): what --trials counts."""
-    states = _optuna().trial.TrialState
+    states = load_optuna().trial.TrialState
     return sum(
         t.state in (states.COMPLETE, states.PRUNED) for t in study.get_trials(deepcopy=False)
     )
@@ -121,7 +129,7 @@ class Invocation:
         study.set_user_attr(self.key, clock() - self.start)
 
 
-class _Heartbeat(threading.Thread):
+class Heartbeat(threading.Thread):
     """Records the invocation's time every HEARTBEAT seconds, so a killed one still counts."""
 
     def __init__(self, invocation: Invocation, tune_dir: Path, cfg: TuneConfig) -> None:
@@ -146,7 +154,7 @@ def fail_stale(study: Any) -> int:
     """Mark as failed (and interrupted: rerun on resume) the trials left RUNNING by a process of
     this host that is gone (a killed tune): they would otherwise count as running forever. A
     live process's trials are left alone. Returns how many."""
-    optuna = _optuna()
+    optuna = load_optuna()
     host = socket.gethostname()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -173,17 +181,20 @@ def requeue(study: Any, cfg: TuneConfig) -> None:
     settings, each trial that Ctrl-C or a killed process interrupted and no trial reruns yet."""
     trials = study.get_trials(deepcopy=False)
     if not trials:
-        from ncfcli.data.dataset import read_meta
-
         first = space.default_params(cfg.models, read_meta(cfg.data_dir))
         if first is not None:
             study.enqueue_trial(first, user_attrs={"default": True})
         return
-    states = _optuna().trial.TrialState
+    states = load_optuna().trial.TrialState
     rerun = {t.user_attrs.get("rerun_of") for t in trials}
     for t in trials:
-        if (t.state == states.FAIL and t.user_attrs.get("interrupted") and t.params
-                and t.number not in rerun and t.params.get("model") in cfg.models):  # fmt: skip
+        if (
+            t.state == states.FAIL
+            and t.user_attrs.get("interrupted")
+            and t.params
+            and t.number not in rerun
+            and t.params.get("model") in cfg.models
+        ):
             again = {
                 "rerun_of": t.number,
                 **({"default": True} if t.user_attrs.get("default") else {}),
@@ -196,14 +207,15 @@ def validation_figures(t: Any) -> dict[str, float]:
     study from before --select-metric recorded only its HR@10 (its value) and NDCG@10."""
     if t.value is None:
         return {}
-    return dict(t.user_attrs.get("validation")
-                or {"hr@10": t.value, "ndcg@10": t.user_attrs.get("ndcg@10")})  # fmt: skip
+    return dict(
+        t.user_attrs.get("validation") or {"hr@10": t.value, "ndcg@10": t.user_attrs.get("ndcg@10")}
+    )
 
 
 def best_trial(study: Any, metric: str = "hr@10") -> Any | None:
     """The finished trial with the highest validation figure of `metric` (--select-metric),
     the other figure of its protocol breaking ties, then the earliest."""
-    states = _optuna().trial.TrialState
+    states = load_optuna().trial.TrialState
     done = [t for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
     if not done:
         return None
@@ -261,14 +273,21 @@ class Objective:
     """One trial: draw the settings, train on the validation split, return its figure of
     --select-metric (HR@10 unless named). Any error fails the trial with its first line."""
 
-    def __init__(self, cfg: TuneConfig, meta: dict[str, Any], tune_dir: Path, device: str,
-                 deadline: float | None, stop: Stop | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TuneConfig,
+        meta: dict[str, Any],
+        tune_dir: Path,
+        device: str,
+        deadline: float | None,
+        stop: Stop | None = None,
+    ) -> None:
         self.cfg, self.meta, self.tune_dir = cfg, meta, tune_dir
         self.device, self.deadline = device, deadline
         self.stop = stop or Stop()
 
     def __call__(self, trial: Any) -> float:
-        optuna = _optuna()
+        optuna = load_optuna()
         try:
             return self._trial(trial)
         except (optuna.TrialPruned, TrialSkipped):
@@ -291,9 +310,7 @@ class Objective:
         return TrialInterrupted() if why == "interrupted" else TrialFailed(value)
 
     def _trial(self, trial: Any) -> float:
-        optuna = _optuna()
-        from ncfcli.training.config import TrainConfig
-        from ncfcli.training.loop import train
+        optuna = load_optuna()
 
         for key, value in (("pid", os.getpid()), ("host", socket.gethostname())):
             trial.set_user_attr(key, value)  # whose it is: fail_stale reads them
@@ -312,9 +329,17 @@ class Objective:
         trial.set_user_attr("run_dir", str(run_dir))
         epochs = None if over["model"] in BASELINES else self.cfg.max_epochs
         metric = self.cfg.select_metric
-        tc = TrainConfig(data_dir=self.cfg.data_dir, out=str(run_dir), overwrite=True,
-                         device=self.device, epochs=epochs, seed=0, keep_checkpoints=1,
-                         select_metric=metric, **over)  # fmt: skip
+        tc = TrainConfig(
+            data_dir=self.cfg.data_dir,
+            out=str(run_dir),
+            overwrite=True,
+            device=self.device,
+            epochs=epochs,
+            seed=0,
+            keep_checkpoints=1,
+            select_metric=metric,
+            **over,
+        )
         state = {"pruned": False, "budget": False}
 
         def on_epoch(epoch: int, scores: dict[str, dict[str, float]]) -> bool:
@@ -338,7 +363,7 @@ class Objective:
         try:
             if self.stop.requested:
                 raise KeyboardInterrupt
-            result = train(tc, None, on_epoch=on_epoch, score_test=False)
+            result = loop.train(tc, None, on_epoch=on_epoch, score_test=False)
         finally:
             self.stop.armed = False
         if self.stop.requested:
@@ -360,11 +385,14 @@ class Objective:
         if self.deadline is None or kind not in BASELINES:
             return
         left = self.deadline - clock()
-        states = _optuna().trial.TrialState
-        seen = [t.duration.total_seconds()
-                for t in trial.study.get_trials(deepcopy=False, states=(states.COMPLETE,))
-                if t.params.get("model") == kind and t.duration is not None
-                and "same_as" not in t.user_attrs]  # fmt: skip
+        states = load_optuna().trial.TrialState
+        seen = [
+            t.duration.total_seconds()
+            for t in trial.study.get_trials(deepcopy=False, states=(states.COMPLETE,))
+            if t.params.get("model") == kind
+            and t.duration is not None
+            and "same_as" not in t.user_attrs
+        ]
         need = cost.fit_seconds(kind, over, self.meta, self.device, max(seen, default=0.0))
         if need > left:
             why = (
@@ -376,187 +404,8 @@ class Objective:
 
 def _same_settings(trial: Any) -> Any | None:
     """The earliest finished trial with this trial's settings, or None."""
-    states = _optuna().trial.TrialState
+    states = load_optuna().trial.TrialState
     for t in trial.study.get_trials(deepcopy=False, states=(states.COMPLETE,)):
         if t.number != trial.number and t.params == trial.params and t.value is not None:
             return t
     return None
-
-
-class Progress:
-    """After each trial: its one line on stderr (none when quiet), then whether the worker goes
-    on: not after Ctrl-C or the deadline, nor once every kind searched is skipped for time;
-    FAILS_IN_A_ROW failed trials in a row end the search with the last one's error."""
-
-    def __init__(self, cfg: TuneConfig, deadline: float | None, stop: Stop, quiet: bool) -> None:
-        self.cfg, self.deadline, self.stop = cfg, deadline, stop
-        self.quiet = quiet or os.environ.get("NCF_TUNE_QUIET") == "1"
-        self.skipped: set[str] = set()
-        self.fails = 0
-
-    def __call__(self, study: Any, trial: Any) -> None:
-        kind = trial.params.get("model", "?")
-        skipped = trial.user_attrs.get("skipped")
-        error = trial.user_attrs.get("error")
-        if skipped and kind not in self.skipped:
-            self.skipped.add(kind)
-            self._say(f"trial {trial.number} {kind}: skipped, {skipped}")
-        elif not skipped:
-            self._say(self._line(study, trial, kind, error))
-        self.fails = self.fails + 1 if error else 0
-        if self.fails >= FAILS_IN_A_ROW:
-            raise NcfError(f"{self.fails} trials in a row failed, the last (trial {trial.number}, "
-                           f"{kind}): {error}")  # fmt: skip
-        late = self.deadline is not None and clock() >= self.deadline
-        orphan = parent is not None and os.getppid() != parent  # its `ncf tune` was killed
-        if self.stop.requested or late or orphan or self.skipped >= set(self.cfg.models):
-            study.stop()
-
-    def _line(self, study: Any, trial: Any, kind: str, error: str | None) -> str:
-        metric = self.cfg.select_metric
-        best_t = best_trial(study, metric)
-        best = ("no finished trial yet" if best_t is None else
-                f"best {best_t.value:.4f} (trial {best_t.number})")  # fmt: skip
-        head = f"trial {trial.number} {kind}: "
-        if error:
-            return head + f"failed: {error}; {best}"
-        if trial.state.name == "PRUNED":
-            return head + f"pruned at epoch {trial.last_step}; {best}"
-        same = trial.user_attrs.get("same_as")
-        note = f" (trial {same}'s settings: not trained again)" if same is not None else ""
-        return head + f"validation {metric.upper()} {trial.value:.4f}{note}; {best}"
-
-    def _say(self, line: str) -> None:
-        if not self.quiet:
-            print(line, file=sys.stderr, flush=True)
-
-
-def gpu_of(worker: int, gpus: int) -> str:
-    """Worker `worker`'s CUDA_VISIBLE_DEVICES: its turn among the parent's own list (indices or
-    UUIDs: never a GPU outside the allocation), or among the `gpus` indices without one."""
-    from ncfcli.backend import visible_devices
-
-    visible = (visible_devices() or [])[:gpus]  # CUDA uses the first `gpus` of them
-    return visible[worker % len(visible)] if visible else str(worker % gpus)
-
-
-def work(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float | None,
-         gpus: int = 0, quiet: bool = False) -> bool:  # fmt: skip
-    """One worker's search on the shared study, until the deadline, --trials or Ctrl-C (a
-    process of its own with --jobs; the calling process otherwise). True when Ctrl-C stopped
-    it."""
-    cfg = TuneConfig(**cfg_dict)
-    device = cfg.device
-    if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_of(worker, gpus)
-        device = "cuda"
-    with Stop() as stop:
-        try:
-            _search(cfg, Path(tune_dir), worker, deadline, device, stop, quiet)
-        except KeyboardInterrupt:
-            stop.requested = True
-    return stop.requested
-
-
-def _search(cfg: TuneConfig, path: Path, worker: int, deadline: float | None, device: str,
-            stop: Stop, quiet: bool) -> None:  # fmt: skip
-    optuna = _optuna()
-    if cfg.jobs > 1 and device != "cuda" and not os.environ.get("OMP_NUM_THREADS"):
-        import torch
-
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
-    from ncfcli.data.dataset import read_meta
-
-    meta = read_meta(cfg.data_dir)
-    study = open_study(path, cfg, worker)
-    callbacks: list[Any] = []
-    if cfg.trials is not None:
-        if ended(study) >= cfg.trials:
-            return
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        callbacks.append(optuna.study.MaxTrialsCallback(cfg.trials, states=states))
-    if (deadline is not None and clock() >= deadline) or stop.requested:
-        return
-    callbacks.append(Progress(cfg, deadline, stop, quiet))
-    study.optimize(Objective(cfg, meta, path, device, deadline, stop), callbacks=callbacks,
-                   catch=(TrialFailed, TrialSkipped), gc_after_trial=True)  # fmt: skip
-
-
-def run_workers(cfg: TuneConfig, tune_dir: Path, gpus: int, me: Invocation,
-                quiet: bool = False) -> bool:  # fmt: skip
-    """Every worker of this invocation, to the end; True when Ctrl-C stopped them. The
-    deadline is the invocation's start (`me`) plus what the budget has left after the time of
-    every earlier invocation; this one's time is recorded as it goes and at the end."""
-    study = open_study(tune_dir, cfg)
-    fail_stale(study)
-    requeue(study, cfg)
-    deadline = None if cfg.budget is None else me.start + cfg.budget - spent(study)
-    beat = _Heartbeat(me, tune_dir, cfg)
-    beat.start()
-    try:
-        if cfg.jobs == 1:
-            return work(asdict(cfg), str(tune_dir), 0, deadline, gpus, quiet)
-        return _spawn(cfg, tune_dir, deadline, gpus, quiet)
-    finally:
-        beat.stop()
-        me.record(open_study(tune_dir, cfg))
-
-
-def _worker_main(cfg_dict: dict[str, Any], tune_dir: str, worker: int, deadline: float | None,
-                 gpus: int, quiet: bool) -> None:  # fmt: skip
-    """A --jobs worker process: its own process group, so Ctrl-C in a terminal reaches the
-    parent alone, which passes it on once (a second SIGINT would cut the worker's clean-up);
-    a parent killed outright (SIGKILL, a closed terminal) stops it after its trial."""
-    global parent
-    parent = os.getppid()
-    os.setpgid(0, 0)
-    if work(cfg_dict, tune_dir, worker, deadline, gpus, quiet):
-        sys.exit(INTERRUPTED)
-
-
-def _spawn(cfg: TuneConfig, tune_dir: Path, deadline: float | None, gpus: int,
-           quiet: bool) -> bool:  # fmt: skip
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")  # a fresh interpreter: no CUDA state, no forked threads
-    procs = [ctx.Process(target=_worker_main, args=(asdict(cfg), str(tune_dir), w, deadline, gpus,
-                                                     quiet), name=f"ncf-tune-{w}")
-             for w in range(cfg.jobs)]  # fmt: skip
-    for p in procs:
-        p.start()
-    stopped = False
-    try:
-        for p in procs:
-            p.join()
-    except KeyboardInterrupt:
-        stopped = True
-        _stop_workers(procs)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join()
-    codes = [p.exitcode for p in procs]
-    stopped = stopped or INTERRUPTED in codes
-    failed = [c for c in codes if c not in (0, None, INTERRUPTED)]
-    if failed and not stopped:
-        raise NcfError(f"{len(failed)} of {cfg.jobs} tune workers failed (exit code {failed[0]}); "
-                       "the study keeps every trial that ended: run the same command to resume")  # fmt: skip
-    return stopped
-
-
-def _stop_workers(procs: list[Any], wait: float = 4.0) -> None:
-    """Pass Ctrl-C on to each worker (it ends its trial at once) and wait up to `wait` s."""
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # more Ctrl-C: the same stop
-    try:
-        for p in procs:
-            if p.is_alive() and p.pid is not None:
-                try:
-                    os.kill(p.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    pass
-        end = time.monotonic() + wait
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-    finally:
-        signal.signal(signal.SIGINT, previous)
