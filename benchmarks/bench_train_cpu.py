@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `ncf train` sets it
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from ncfcli.data.dataset import write_prepared  # noqa: E402
+from ncfcli.data.store import write_prepared  # noqa: E402
 from ncfcli.training.config import TrainConfig  # noqa: E402
 from ncfcli.training.loop import train
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ncfcli.data.dataset import read_meta
+from ncfcli.data.store import read_meta
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model
 from ncfcli.rundir.checkpoint import BEST, CKPT_DIR, CONFIG, LAST, save_checkpoint
@@ -60,7 +60,7 @@ def make_run(data_dir: Path, out: Path, kind: str = "neumf", seed: int = 0) -> P
 def rewrite_dataset(src: Path, out: Path, seed: int) -> Path:
     """A copy of `src` with another seed in meta.json: same shape, a different fingerprint."""
 
-    from ncfcli.data.dataset import load_id_maps, read_arrays, write_prepared
+    from ncfcli.data.store import load_id_maps, read_arrays, write_prepared
 
     meta = read_meta(src)
     arrays = read_arrays(src)
@@ -76,7 +76,7 @@ def small_dataset(out: Path, n_users: int = 6, n_items: int = 12, user_ids=None)
     """A hand-sized dataset: user u trained on items u..u+2, test item u+3, 4 negatives."""
     import numpy as np
 
-    from ncfcli.data.dataset import write_prepared
+    from ncfcli.data.store import write_prepared
 
     train_u = np.repeat(np.arange(n_users), 3)
     train_i = (train_u + np.tile(np.arange(3), n_users)) % n_items

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_prepared, write_prepared
+from ncfcli.data.store import load_prepared, write_prepared
 from ncfcli.model.baselines import KINDS, BaselineConfig, fit
 from ncfcli.rundir.checkpoint import load_run
 

@@ -9,7 +9,8 @@ import pytest
 
 from ncfcli.backend import get_backend
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import PreparedData, load_prepared
+from ncfcli.data.dataset import PreparedData
+from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch.distributed import DistEnv
 

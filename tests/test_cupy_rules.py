@@ -21,15 +21,10 @@ import torch
 from ncfcli.backend import Backend, get_backend
 from ncfcli.data import preparation as prepare_mod
 from ncfcli.data.batches import KeyedPermutation, NegativeSampler
-from ncfcli.data.dataset import (
-    AGE_ARRAY,
-    ARRAYS,
-    VALID_ARRAYS,
-    PreparedData,
-    load_prepared,
-    read_meta,
-)
+from ncfcli.data.dataset import PreparedData
+from ncfcli.data.layout import AGE_ARRAY, ARRAYS, VALID_ARRAYS
 from ncfcli.data.raw import RawInteractions
+from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
 from ncfcli.serve.evaluation import EvalConfig, evaluate
 from tests._runs import make_run

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, read_arrays, read_meta
+from ncfcli.data.store import load_id_maps, read_arrays, read_meta
 
 pytest.importorskip("distributed")
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import Backend, get_backend
 from ncfcli.cli import app
 from ncfcli.data.config import PrepareConfig
-from ncfcli.data.dataset import load_prepared, read_meta
+from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
 
 
@@ -103,7 +103,7 @@ def test_the_held_out_item_is_strictly_after_the_users_training_rows(tmp_path: P
 
 
 def read_items(path: Path) -> list[Any]:
-    from ncfcli.data.dataset import load_id_maps
+    from ncfcli.data.store import load_id_maps
 
     return load_id_maps(path)[1].tolist()
 
@@ -436,7 +436,8 @@ def test_array_sha256_is_checked_on_a_whole_load(small_dataset: Path, tmp_path: 
     import json
     import shutil
 
-    from ncfcli.data.dataset import array_digest, read_arrays
+    from ncfcli.data.digest import array_digest
+    from ncfcli.data.store import read_arrays
 
     arrays = read_arrays(small_dataset)
     whole = array_digest(arrays)

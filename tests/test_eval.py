@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_prepared
+from ncfcli.data.store import load_prepared
 from ncfcli.rundir.checkpoint import load_run
 from tests._runs import make_run, rewrite_dataset, small_dataset
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ncfcli.data.dataset import read_meta
+from ncfcli.data.store import read_meta
 from tests._runs import make_run, rewrite_dataset
 
 runner = CliRunner()

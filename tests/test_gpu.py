@@ -28,7 +28,8 @@ from ncfcli import backend as backend_mod
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import ARRAYS, load_prepared
+from ncfcli.data.layout import ARRAYS
+from ncfcli.data.store import load_prepared
 from ncfcli.model.config import KINDS
 from ncfcli.model.layers import _Gather
 

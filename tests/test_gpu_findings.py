@@ -29,7 +29,8 @@ from ncfcli.backend import Backend, get_backend
 from ncfcli.cli import app
 from ncfcli.data import negatives
 from ncfcli.data import preparation as prepare_mod
-from ncfcli.data.dataset import ARRAYS, VALID_ARRAYS, load_prepared
+from ncfcli.data.layout import ARRAYS, VALID_ARRAYS
+from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError, is_device_oom
 from ncfcli.model import baselines
 from ncfcli.model.config import ModelConfig

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, load_prepared, read_meta
+from ncfcli.data.store import load_id_maps, load_prepared, read_meta
 
 TRAIN = ["user,item,timestamp", "1,10,5", "1,11,6", "1,12,7", "2,10,1", "2,13,2", "2,14,3",
          "3,11,1", "3,12,1", "3,14,1", "3,13,9"]  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 
 from ncfcli.backend import get_backend
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import load_prepared
+from ncfcli.data.store import load_prepared
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model
 from ncfcli.rundir.checkpoint import load_run

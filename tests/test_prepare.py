@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, load_prepared, read_meta
+from ncfcli.data.store import load_id_maps, load_prepared, read_meta
 
 ROWS = [  # user, item, rating, timestamp
     (1, 10, 5, 100),

@@ -38,7 +38,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data import raw
-from ncfcli.data.dataset import load_id_maps, load_prepared, read_meta
+from ncfcli.data.store import load_id_maps, load_prepared, read_meta
 from ncfcli.data.values import Origin, id_values, time_values
 
 T0 = 1_700_000_000

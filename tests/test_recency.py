@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import load_prepared
+from ncfcli.data.store import load_prepared
 from ncfcli.training.config import TrainConfig, resolve
 from ncfcli.training.defaults import size_defaults
 from ncfcli.training.recency import PROBE_Z, probe, recency_weights

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, load_prepared
+from ncfcli.data.store import load_id_maps, load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring.metrics import full_ranks

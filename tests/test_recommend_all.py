@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps, read_meta
+from ncfcli.data.store import load_id_maps, read_meta
 from tests._runs import make_run, small_dataset
 
 runner = CliRunner()
@@ -62,7 +62,7 @@ def test_exclude_seen_leaves_out_every_held_out_item(
     top lists hold one; with it, no user's list holds any item of theirs, train or held out,
     and the rest of the list is the same ranking with those items taken out."""
     from ncfcli.backend import get_backend
-    from ncfcli.data.dataset import load_prepared
+    from ncfcli.data.store import load_prepared
 
     data = load_prepared(prepared_dir, get_backend("cpu"))
     user_ids, item_ids = load_id_maps(prepared_dir)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ncfcli.backend import get_backend
-from ncfcli.data.dataset import load_prepared, read_arrays
+from ncfcli.data.store import load_prepared, read_arrays
 from ncfcli.errors import NcfError
 from ncfcli.training import validation as train_evaluation
 from ncfcli.training.config import TrainConfig

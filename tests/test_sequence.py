@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ncfcli.backend import get_backend
-from ncfcli.data.dataset import load_prepared
 from ncfcli.data.sequences import SequenceBatches
+from ncfcli.data.store import load_prepared
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.dataset import load_prepared, read_meta
+from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.training import shard

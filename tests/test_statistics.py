@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data import negatives
-from ncfcli.data.dataset import load_id_maps, load_prepared
+from ncfcli.data.store import load_id_maps, load_prepared
 
 runner = CliRunner()
 N_ITEMS = 30

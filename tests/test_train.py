@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.dataset import read_arrays
+from ncfcli.data.store import read_arrays
 from ncfcli.rundir.checkpoint import load_checkpoint, load_run
 from ncfcli.training import optim as train_optim
 from ncfcli.training import validation as train_evaluation

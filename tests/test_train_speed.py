@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ncfcli.data.dataset import read_arrays
+from ncfcli.data.store import read_arrays
 from ncfcli.training import optim as train_optim
 from ncfcli.training import validation as train_evaluation
 from tests.test_train import SMALL, ctrl_c_in_epoch_2, metrics, ncf

@@ -325,8 +325,9 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
                      pos: _Positives) -> dict[str, Any]:  # fmt: skip
     """Split each bucket of users (buckets.split_bucket, what every engine runs), write it, then
     the id maps and meta.json: the dataset directory, atomically. Drops pos's arrays."""
-    from ncfcli.data.dataset import ArrayDigest, finish_dataset, write_bucket
+    from ncfcli.data.digest import ArrayDigest
     from ncfcli.data.sources import save_titles
+    from ncfcli.data.store import finish_dataset, write_bucket
 
     xp = backend.xp
     rules = SplitRules.of(config)

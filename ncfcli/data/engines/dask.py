@@ -126,7 +126,7 @@ def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo:
     """Re-index the bucket over the kept users and items, split it and write it (the memory
     engine's per-bucket step); returns its meta entry and its users without validation."""
     from ncfcli.data.buckets import split_bucket
-    from ncfcli.data.dataset import write_bucket
+    from ncfcli.data.store import write_bucket
 
     if os.environ.get(KILL_BUCKET_ENV) == str(index):
         os._exit(1)  # a test of a worker dying mid-run
@@ -452,8 +452,8 @@ def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any
                  ix: _Indexed, source: dict[str, Any], read: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
     """Each bucket split and written by a worker into the temporary dataset folder; the
     client's id maps and meta.json; the folder renamed to --out."""
-    from ncfcli.data.dataset import finish_dataset
     from ncfcli.data.record import Counts, check_out, describe, raw_scalar
+    from ncfcli.data.store import finish_dataset
     from ncfcli.fsutil import atomic_dir
 
     rules = SplitRules.of(config)
