@@ -40,7 +40,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ncfcli.backend import get_backend  # noqa: E402
-from ncfcli.data.dataset import PreparedData, load_prepared  # noqa: E402
+from ncfcli.data.dataset import PreparedData  # noqa: E402
+from ncfcli.data.store import load_prepared  # noqa: E402
 
 BLEND_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the run's share of a blend (--blend)
 
@@ -142,14 +143,14 @@ def run_scorer(run_dir: str, data: PreparedData) -> Scorer:
     """An ncf run's validation scores against every item (its order term after each user's
     latest training item, as `ncf eval --split validation` scores it)."""
     from ncfcli.rundir.checkpoint import load_run
-    from ncfcli.scoring.metrics import _score_all, uses_order
+    from ncfcli.scoring.scorer import score_all, takes_context
 
     run = load_run(run_dir)
     if run.dataset_fingerprint != data.fingerprint:
         sys.exit(f"error: {run_dir} was not trained on {data.path}")
     prev = torch.from_numpy(np.asarray(data.context("validation", np), np.int64))
-    order = uses_order(run.model)
-    return lambda users: _score_all(run.model, users, data.n_items, prev[users] if order else None)
+    order = takes_context(run.model)
+    return lambda users: score_all(run.model, users, data.n_items, prev[users] if order else None)
 
 
 def blend(a: Scorer, b: Scorer, weight: float) -> Scorer:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncfcli.data.config import PrepareConfig
+from ncfcli.data.sources import resolve_prepared, resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import api_signature, from_keywords
-from ncfcli.serve.evaluation import EvalConfig
-from ncfcli.serve.onnx_export import ExportConfig
-from ncfcli.serve.recommendation import RecommendConfig
+from ncfcli.serve.config import EvalConfig, ExportConfig, RecommendConfig
 from ncfcli.training.config import TrainConfig
 from ncfcli.tuning.config import TuneConfig
+from ncfcli.ui import epoch_progress, err_console, stage_progress
 
 if TYPE_CHECKING:
     from ncfcli.serve.recommendation import AllUsersResult, Recommendations
@@ -73,9 +73,13 @@ class Export:
 
 
 def prepare(
-    source: PathLike, out: PathLike | None = None, *, device: str = "auto", quiet: bool = True,
+    source: PathLike,
+    out: PathLike | None = None,
+    *,
+    device: str = "auto",
+    quiet: bool = True,
     **options: Any,
-) -> Dataset:  # fmt: skip
+) -> Dataset:
     """`ncf prepare SOURCE`: a MovieLens name, a path or "synthetic" -> a prepared Dataset."""
     from ncfcli.backend import get_backend
     from ncfcli.data.preparation import prepare as run_prepare
@@ -85,61 +89,67 @@ def prepare(
     backend = get_backend(device)
     progress = None
     if not quiet:
-        from ncfcli.ui import err_console, stage_progress
-
         progress = stage_progress(err_console())
     if progress is None:
         meta = run_prepare(config, backend, None, quiet=True)
     else:
         with progress:
             meta = run_prepare(config, backend, progress, quiet=False)
-    return Dataset(path=Path(meta["out"]), users=int(meta["n_users"]), items=int(meta["n_items"]),
-                   train=int(meta["n_train"]), test=int(meta["n_test"]), meta=meta)  # fmt: skip
+    return Dataset(
+        path=Path(meta["out"]),
+        users=int(meta["n_users"]),
+        items=int(meta["n_items"]),
+        train=int(meta["n_train"]),
+        test=int(meta["n_test"]),
+        meta=meta,
+    )
 
 
 def train(
-    data: PathLike | Dataset, out: PathLike | None = None, *, device: str = "auto",
-    quiet: bool = True, **options: Any,
-) -> TrainResult:  # fmt: skip
+    data: PathLike | Dataset,
+    out: PathLike | None = None,
+    *,
+    device: str = "auto",
+    quiet: bool = True,
+    **options: Any,
+) -> TrainResult:
     """`ncf train DATA`: train one process on a prepared dataset (path, cache name or Dataset).
 
     None or absent means the dataset-size default (on resume=True: the run's own).
     Returns the TrainResult (run_dir, best_epoch, metrics, samples_per_second, ...).
     """
-    from ncfcli.data.sources import resolve_prepared
     from ncfcli.training.loop import train as run_train
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
-    cfg = from_keywords(TrainConfig, {"out": out, "device": device, **options}, "train",
-                        data_dir=str(path))  # fmt: skip
+    cfg = from_keywords(
+        TrainConfig, {"out": out, "device": device, **options}, "train", data_dir=str(path)
+    )
     progress = None
     if not quiet:
-        from ncfcli.ui import epoch_progress, err_console
-
         progress = epoch_progress(err_console())
     return run_train(cfg, progress=progress)
 
 
 def tune(
     data: PathLike | Dataset, out: PathLike | None = None, *, quiet: bool = True, **options: Any
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """`ncf tune DATA`: search models and settings on the validation split (budget=seconds or
     trials=N); returns the report (report.json's content: the trials, the chosen one with its
     run directory and test figures, the importances) with `tune_dir`. quiet=False prints each
     trial's line on stderr, as the command does."""
-    from ncfcli.data.sources import resolve_prepared
-    from ncfcli.tuning.config import TuneConfig
     from ncfcli.tuning.run import tune as run_tune
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
-    cfg = from_keywords(TuneConfig, {"out": None if out is None else str(out), **options}, "tune",
-                        data_dir=str(path))  # fmt: skip
+    cfg = from_keywords(
+        TuneConfig,
+        {"out": None if out is None else str(out), **options},
+        "tune",
+        data_dir=str(path),
+    )
     return run_tune(cfg, quiet=quiet)
 
 
 def _run_dir(run: Any) -> Path:
-    from ncfcli.data.sources import resolve_run
-
     return resolve_run(getattr(run, "run_dir", run))
 
 
@@ -150,15 +160,24 @@ def evaluate(run: PathLike | TrainResult, *, device: str = "auto", **options: An
     cfg = from_keywords(EvalConfig, options, "evaluate")  # checked before the run is read
     report = run_eval(_run_dir(run), cfg, device)
     res = report.result
-    return Evaluation(metrics=dict(res["metrics"]), protocol=res["protocol"], users=res["users"],
-                      checkpoint=report.checkpoint, dataset=report.dataset, note=report.note,
-                      result=res)  # fmt: skip
+    return Evaluation(
+        metrics=dict(res["metrics"]),
+        protocol=res["protocol"],
+        users=res["users"],
+        checkpoint=report.checkpoint,
+        dataset=report.dataset,
+        note=report.note,
+        result=res,
+    )
 
 
 def export(
-    run: PathLike | TrainResult, out: PathLike | None = None, *, triton: PathLike | None = None,
+    run: PathLike | TrainResult,
+    out: PathLike | None = None,
+    *,
+    triton: PathLike | None = None,
     **options: Any,
-) -> Export:  # fmt: skip
+) -> Export:
     """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked."""
     from ncfcli.serve.onnx_export import run_export
 
@@ -168,10 +187,15 @@ def export(
 
 
 def recommend(
-    run: PathLike | TrainResult, users: Sequence[str | int] | None = None, *,
-    all_users: bool = False, out: PathLike | None = None, overwrite: bool = False,
-    device: str = "auto", **options: Any,
-) -> Recommendations | AllUsersResult:  # fmt: skip
+    run: PathLike | TrainResult,
+    users: Sequence[str | int] | None = None,
+    *,
+    all_users: bool = False,
+    out: PathLike | None = None,
+    overwrite: bool = False,
+    device: str = "auto",
+    **options: Any,
+) -> Recommendations | AllUsersResult:
     """`ncf recommend RUN`: top-K raw item ids for raw user ids, or every user into `out`.
 
     With `users`: Recommendations (.results in input order, .unknown for skipped ids). With

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_prepared
+from ncfcli.data.store import load_prepared
 from ncfcli.launch import distributed
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.model.config import ModelConfig
@@ -37,15 +37,15 @@ from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring import metrics
 from ncfcli.scoring.metrics import (
     budget_rows,
-    context_length,
     full_ranks,
     full_split,
     metric_sums,
     sampled_ranks,
     sums_to_metrics,
-    takes_context,
 )
-from ncfcli.serve.evaluation import EvalConfig, evaluate
+from ncfcli.scoring.scorer import context_window, takes_context
+from ncfcli.serve.config import EvalConfig
+from ncfcli.serve.evaluation import evaluate
 from ncfcli.training.config import TrainConfig
 from tests._runs import make_run
 
@@ -304,13 +304,14 @@ MODELS = {
 def _users(model: torch.nn.Module) -> int:
     """Users to score: a fifth for a sequence term, whose chunks are small (its encoder), still
     more than one chunk would hold at 16 bytes a pair."""
-    return N_USERS // 5 if context_length(model) else N_USERS
+    return N_USERS // 5 if context_window(model) else N_USERS
 
 
 def _context(model: torch.nn.Module) -> torch.Tensor | None:
     gen = torch.Generator().manual_seed(1)
-    if context_length(model):  # a window of the latest items, n_items pads
-        return torch.randint(0, N_ITEMS + 1, (N_USERS, context_length(model)), generator=gen)
+    window = context_window(model)
+    if window:  # a window of the latest items, n_items pads
+        return torch.randint(0, N_ITEMS + 1, (N_USERS, window), generator=gen)
     return torch.randint(0, N_ITEMS, (N_USERS,), generator=gen) if takes_context(model) else None
 
 
@@ -446,7 +447,7 @@ def test_recommend_prices_each_users_work_over_the_catalogue(
     prepared_dir: Path, tmp_path: Path
 ) -> None:
     """`ncf recommend` chunks users by the budget with EASE's dense row per user counted."""
-    from ncfcli.serve.recommendation import RecommendConfig, _Scorer
+    from ncfcli.serve.recommendation import ListScorer, RecommendConfig
 
     run = tmp_path / "ease"
     res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--model", "ease",
@@ -454,7 +455,7 @@ def test_recommend_prices_each_users_work_over_the_catalogue(
     assert res.exit_code == 0, res.output
     loaded = load_run(run)
     data = load_prepared(prepared_dir, CPU)
-    scorer = _Scorer(loaded, data, RecommendConfig(), CPU)
+    scorer = ListScorer(loaded, data, RecommendConfig(), CPU)
     per_pair = metrics.pair_bytes(loaded.model, "cpu", data.n_items)
     assert per_pair == metrics.SCORE_PAIR_BYTES + 4  # a float32 row of every item, per user
     assert scorer.step == (metrics.BUDGET_CPU // per_pair) // data.n_items

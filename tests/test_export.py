@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.dataset import load_id_maps
+from ncfcli.data.store import load_id_maps
 from ncfcli.rundir.checkpoint import load_run
 from tests._runs import make_run
 
@@ -352,10 +352,10 @@ def test_an_empty_folder_becomes_an_export_folder(exported: dict, tmp_path: Path
 def test_a_failed_export_leaves_no_folder_behind(
     exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ncfcli.serve.onnx_export
+    import ncfcli.serve.onnx_parity
 
     monkeypatch.setattr(
-        ncfcli.serve.onnx_export, "parity", lambda *a, **k: {1: 1.0}
+        ncfcli.serve.onnx_parity, "parity", lambda *a, **k: {1: 1.0}
     )  # a disagreement
     args = ["export", str(exported["run"]), "--onnx", "--out", str(tmp_path / "a" / "b" / "m.onnx"),
             "--triton", str(tmp_path / "repo")]  # fmt: skip

@@ -16,9 +16,11 @@ from ncfcli.cli.app import (
     run_arg,
     user_errors,
 )
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import aliases, build, with_options
-from ncfcli.serve.evaluation import EvalConfig
+from ncfcli.serve.config import EvalConfig
+from ncfcli.ui import err_console, out_console, print_json, summary_table
 
 ALIASES["eval"] = aliases(EvalConfig)
 
@@ -35,9 +37,7 @@ def eval_run(
     quiet: bool = quiet_option("No notes on stderr."),
 ) -> None:
     """HR@K and NDCG@K of a trained run (sampled protocol, or --full-ranking)."""
-    from ncfcli.data.sources import resolve_run
     from ncfcli.serve.evaluation import run_eval
-    from ncfcli.ui import err_console, print_json
 
     if ctx.args and not options["ks"]:
         raise NcfError(f"unexpected argument {ctx.args[0]!r} (K values follow -k)")
@@ -56,7 +56,6 @@ def eval_run(
 
 
 def _print_report(report: Any) -> None:
-    from ncfcli.ui import out_console, summary_table
 
     res = report.result
     rows: list[tuple[str, Any]] = [

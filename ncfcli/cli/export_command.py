@@ -7,9 +7,11 @@ from typing import Any
 import typer
 
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, run_arg, user_errors
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import OUTPUT, aliases, build, with_options
-from ncfcli.serve.onnx_export import ExportConfig
+from ncfcli.serve.config import ExportConfig
+from ncfcli.ui import out_console, print_json, summary_table
 
 ALIASES["export"] = aliases(ExportConfig)
 
@@ -31,9 +33,7 @@ def export(
     An order term's previous item is looked up inside the graph (as recommend --exclude-seen).
 
     Export and the parity checks run on the CPU, so there is no --device."""
-    from ncfcli.data.sources import resolve_run
     from ncfcli.serve.onnx_export import run_export
-    from ncfcli.ui import print_json
 
     if not onnx:
         raise NcfError("choose a format: --onnx")
@@ -45,7 +45,6 @@ def export(
 
 
 def _print_result(res: dict[str, Any]) -> None:
-    from ncfcli.ui import out_console, summary_table
 
     inputs = ", ".join(res["inputs"])
     rows: list[tuple[str, Any]] = [
@@ -57,8 +56,12 @@ def _print_result(res: dict[str, Any]) -> None:
     rows += [(f"  batch {b}", f"{d:.3g}") for b, d in res["parity"].items()]
     if res["session"]:
         rows.append(("  session model", f"{max(res['session_parity'].values()):.3g}"))
-    rows.append(("max |onnx - recommend|", f"{res['recommend_max_abs_diff']:.3g} "
-                 f"({res['recommend_users']} users, --exclude-seen)"))  # fmt: skip
+    rows.append(
+        (
+            "max |onnx - recommend|",
+            f"{res['recommend_max_abs_diff']:.3g} ({res['recommend_users']} users, --exclude-seen)",
+        )
+    )
     if res["session"]:
         rows.append(("session model", f"{res['session']} (+ prev_item)"))
     rows += [("id maps", ", ".join(res["id_maps"])), ("metadata", res["metadata"])]

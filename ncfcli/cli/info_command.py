@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ncfcli import backend
 from ncfcli.cli.app import NcfCommand, app, json_option, user_errors
+from ncfcli.ui import out_console, print_json, summary_table
 
 
 @app.command(cls=NcfCommand)
 @user_errors
 def info(json_out: bool = json_option()) -> None:
     """Print versions, and which backends and GPUs are usable."""
-    from ncfcli import backend
-    from ncfcli.ui import out_console, print_json, summary_table
 
     vers = backend.versions()
     n_gpus, why = backend.cuda_status()
@@ -44,14 +44,22 @@ def info(json_out: bool = json_option()) -> None:
         ("GPUs", ", ".join(gpus) or "none"),
         ("torch CUDA", "yes" if data["torch_cuda"] else "no"),
     ]
-    rows += [(f"{lib} ({e['for']})", e["version"] or f"not installed: pip install 'ncfcli[{e['extra']}]'")
-             for lib, e in data["extras"].items()]  # fmt: skip
+    rows += [
+        (
+            f"{lib} ({e['for']})",
+            e["version"] or f"not installed: pip install 'ncfcli[{e['extra']}]'",
+        )
+        for lib, e in data["extras"].items()
+    ]
     out_console().print(summary_table("ncf info", rows))
 
 
 # The optional libraries and what needs them: library -> (what, the extra that installs it).
-EXTRAS = {"optuna": ("ncf tune", "tune"), "dask": ("prepare --engine dask", "dask"),
-          "implicit": ("--model als", "baselines")}  # fmt: skip
+EXTRAS = {
+    "optuna": ("ncf tune", "tune"),
+    "dask": ("prepare --engine dask", "dask"),
+    "implicit": ("--model als", "baselines"),
+}
 
 
 def _extras() -> dict[str, dict[str, str | None]]:

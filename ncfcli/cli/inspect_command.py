@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from ncfcli.cli.app import NcfCommand, app, json_option, user_errors
+from ncfcli.ui import out_console, print_json
 
 
 @app.command("inspect", cls=NcfCommand)
@@ -14,12 +15,11 @@ def inspect_cmd(
         ...,
         show_default=False,
         help="A prepared dataset or a run directory (path, cache name, or name under ./runs).",
-    ),  # fmt: skip
+    ),
     json_out: bool = json_option(),
 ) -> None:
     """What a dataset or run holds: counts, sparsity, split, protocol, best epoch, metrics, files."""
     from ncfcli.serve.inspect import inspect_path, print_report
-    from ncfcli.ui import out_console, print_json
 
     report = inspect_path(path)
     if json_out:

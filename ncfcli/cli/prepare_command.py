@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ncfcli.backend import get_backend
 from ncfcli.cli.app import (
     ALIASES,
     NcfCommand,
@@ -16,6 +17,7 @@ from ncfcli.cli.app import (
 )
 from ncfcli.data.config import PrepareConfig
 from ncfcli.options import aliases, build, with_options
+from ncfcli.ui import err_console, out_console, print_json, stage_progress, summary_table
 
 ALIASES["prepare"] = aliases(PrepareConfig)
 
@@ -30,9 +32,7 @@ def prepare(
     quiet: bool = quiet_option("No progress lines."),
 ) -> None:
     """Turn raw interactions into a prepared dataset (leave-one-out split, test negatives)."""
-    from ncfcli.backend import get_backend
     from ncfcli.data.preparation import prepare as run_prepare
-    from ncfcli.ui import err_console, stage_progress
 
     t0 = time.perf_counter()
     config = build(PrepareConfig, options)
@@ -44,7 +44,6 @@ def prepare(
 
 
 def _report(meta: dict[str, Any], backend: Any, seconds: float, json_out: bool) -> None:
-    from ncfcli.ui import out_console, print_json, summary_table
 
     keys = ("n_users", "n_items", "n_train", "n_valid", "n_test", "eval_negatives")
     peak = backend.peak_memory_bytes()  # None on the CPU
@@ -52,10 +51,18 @@ def _report(meta: dict[str, Any], backend: Any, seconds: float, json_out: bool) 
         extra = {} if peak is None else {"peak_gpu_bytes": peak}
         if meta.get("dask"):
             extra["dask"] = meta["dask"]
-        print_json({"out": meta["out"], "split": meta["split"], **{k: int(meta[k]) for k in keys},
-                    "n_buckets": meta["n_buckets"], "engine": meta["engine"],
-                    "engine_reason": meta["engine_reason"], "seconds": seconds,
-                    **extra})  # fmt: skip
+        print_json(
+            {
+                "out": meta["out"],
+                "split": meta["split"],
+                **{k: int(meta[k]) for k in keys},
+                "n_buckets": meta["n_buckets"],
+                "engine": meta["engine"],
+                "engine_reason": meta["engine_reason"],
+                "seconds": seconds,
+                **extra,
+            }
+        )
         return
     rows: list[tuple[str, Any]] = [("out", meta["out"]), ("source", meta["source"]["name"])]
     held = "test + validation" if meta["validation"] else "test only (--no-validation)"

@@ -20,9 +20,11 @@ from ncfcli.cli.app import (
     run_arg,
     user_errors,
 )
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import DATA, OUTPUT, aliases, build, with_options
-from ncfcli.serve.recommendation import RecommendConfig
+from ncfcli.serve.config import RecommendConfig
+from ncfcli.ui import err_console, out_console, print_json, summary_table
 
 ALIASES["recommend"] = aliases(RecommendConfig)
 
@@ -40,7 +42,7 @@ def recommend(
         help="Raw user id as in the source data (repeatable).",
         rich_help_panel=DATA,
         show_default=False,
-    ),  # fmt: skip
+    ),
     users_file: Path | None = typer.Option(
         None, "--users-file", help="File with one raw user id per line.", rich_help_panel=DATA
     ),
@@ -49,7 +51,7 @@ def recommend(
         "--all-users",
         help="Every user of the dataset, into --out (Parquet or CSV).",
         rich_help_panel=DATA,
-    ),  # fmt: skip
+    ),
     device: str = device_option(),
     out: Path | None = typer.Option(
         None,
@@ -57,7 +59,7 @@ def recommend(
         "-o",
         help="--all-users: the .parquet or .csv file to write.",
         rich_help_panel=OUTPUT,
-    ),  # fmt: skip
+    ),
     overwrite: bool = overwrite_option("Replace ncf's own earlier --out file (never other files)."),
     json_out: bool = json_option("One JSON object per user per line: user, items, scores."),
     quiet: bool = quiet_option("No notes on stderr (unknown users still set the exit status)."),
@@ -67,14 +69,15 @@ def recommend(
 
     Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
-    from ncfcli.data.sources import resolve_run
-    from ncfcli.serve.recommendation import read_users_file, run_recommend
-    from ncfcli.ui import err_console, out_console, print_json
+    from ncfcli.serve.recommendation import read_users_file, run_recommend, run_recommend_all
 
     raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
     cfg = build(RecommendConfig, options)
     if all_users:
-        _recommend_all(resolve_run(run_dir), raw, cfg, out, overwrite, device, json_out, quiet)
+        _check_all_users(raw, out)
+        assert out is not None  # _check_all_users refuses None
+        res = run_recommend_all(resolve_run(run_dir), out, cfg, device, overwrite)
+        _print_all_users(res, json_out, quiet)
         return
     if out is not None:
         raise NcfError("--out writes --all-users; for chosen users use --json > FILE")
@@ -110,28 +113,36 @@ def _print_lists(console: Any, results: list[dict]) -> None:
         console.print(table)
 
 
-def _recommend_all(
-    run_dir: Path, raw: list[str], cfg: Any, out: Path | None, overwrite: bool, device: str,
-    json_out: bool, quiet: bool,
-) -> None:  # fmt: skip
-    from ncfcli.serve.recommendation import run_recommend_all
-    from ncfcli.ui import err_console, out_console, print_json, summary_table
-
+def _check_all_users(raw: list[str], out: Path | None) -> None:
     if raw:
         raise NcfError("--all-users takes no --user or --users-file")
     if out is None:
         raise NcfError("--all-users needs --out FILE (.parquet or .csv)")
-    res = run_recommend_all(run_dir, out, cfg, device, overwrite)
+
+
+def _print_all_users(res: Any, json_out: bool, quiet: bool) -> None:
     if res.note and not quiet:
         err_console().print(f"note: {res.note}")
     if json_out:
-        print_json({"out": res.out, "users": res.users, "rows": res.rows, "k": res.k,
-                    "titles": res.titles, "seconds": round(res.seconds, 3)})  # fmt: skip
+        print_json(
+            {
+                "out": res.out,
+                "users": res.users,
+                "rows": res.rows,
+                "k": res.k,
+                "titles": res.titles,
+                "seconds": round(res.seconds, 3),
+            }
+        )
         return
     if quiet:
         return
-    rows: list[tuple[str, Any]] = [("out", res.out), ("users", f"{res.users:,}"),
-                                   ("rows", f"{res.rows:,}"), ("k", res.k),
-                                   ("titles", "yes" if res.titles else "no"),
-                                   ("seconds", f"{res.seconds:.2f}")]  # fmt: skip
+    rows: list[tuple[str, Any]] = [
+        ("out", res.out),
+        ("users", f"{res.users:,}"),
+        ("rows", f"{res.rows:,}"),
+        ("k", res.k),
+        ("titles", "yes" if res.titles else "no"),
+        ("seconds", f"{res.seconds:.2f}"),
+    ]
     out_console().print(summary_table("ncf recommend --all-users", rows))

@@ -7,6 +7,7 @@ from typing import Any
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
 from ncfcli.options import aliases, build, with_options
 from ncfcli.tuning.config import TuneConfig
+from ncfcli.ui import out_console, print_json
 
 ALIASES["tune"] = aliases(TuneConfig)
 
@@ -15,24 +16,25 @@ ALIASES["tune"] = aliases(TuneConfig)
 @user_errors
 @with_options(TuneConfig)
 def tune(
-    options: dict[str, Any], json_out: bool = json_option(),
+    options: dict[str, Any],
+    json_out: bool = json_option(),
     quiet: bool = quiet_option("No trial lines or notes on stderr (errors still print)."),
-) -> None:  # fmt: skip
+) -> None:
     """Search models and settings on the validation split (Optuna); the best becomes a run."""
     from ncfcli.tuning.run import tune as run_tune
-    from ncfcli.ui import print_json
 
     cfg = build(TuneConfig, options)
     report = run_tune(cfg, quiet=quiet)
     if json_out:
-        print_json({k: report[k] for k in ("tune_dir", "resumed", "spent_seconds", "best")}
-                   | {"trials": len(report["trials"])})  # fmt: skip
+        print_json(
+            {k: report[k] for k in ("tune_dir", "resumed", "spent_seconds", "best")}
+            | {"trials": len(report["trials"])}
+        )
         return
     print_tune(report)
 
 
 def print_tune(report: dict[str, Any]) -> None:
     from ncfcli.serve.inspect import print_tune_report
-    from ncfcli.ui import out_console
 
     print_tune_report(out_console(), report)

@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
-FULL = "full ranking"
+from ncfcli.model.baselines import free_memory_bytes
+from ncfcli.scoring.scorer import score_all, score_items
+
 TIE_RULE = "ties rank the positive last"
 
 
@@ -100,21 +102,6 @@ def sampled_ranks(
     return torch.cat(out)
 
 
-def score_items(
-    model: torch.nn.Module, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None
-) -> torch.Tensor:
-    """float32 [U, C] logits of users [U] against their own items [U, C] (prev [U] for a model
-    with an order term): the factored score_all where the model has one, else forward()."""
-    given = () if prev is None else (prev,)
-    score_all = getattr(model, "score_all", None)
-    if callable(score_all):
-        return score_all(users, *given, items=items).float()
-    pairs: tuple[torch.Tensor, ...] = (users[:, None].expand_as(items).reshape(-1),
-                                       items.reshape(-1))  # fmt: skip
-    pairs += tuple(p[:, None].expand_as(items).reshape(-1) for p in given)
-    return model(*pairs).float().view(items.shape)
-
-
 # The memory budget of scoring (`ncf eval`, `ncf recommend`) where --eval-batch is not given:
 # what one chunk of users may hold, in bytes. A CPU's is small (chunks larger than this gained
 # nothing on a 2-core CPU); a GPU's fills a fraction of a data-centre card, and never more than
@@ -167,9 +154,11 @@ def user_bytes(model: torch.nn.Module) -> int:
 
 
 def pair_bytes(
-    model: torch.nn.Module | None, device: torch.device | str, candidates: int | None = None,
+    model: torch.nn.Module | None,
+    device: torch.device | str,
+    candidates: int | None = None,
     own_items: bool = False,
-) -> int:  # fmt: skip
+) -> int:
     """Bytes one (user, item) pair of a scoring chunk costs for `model` on `device`: the score
     and its mask, the model's per-pair activations, with `own_items` (each user scores its own
     `candidates` items: the sampled protocol) the item rows gathered per pair, and each user's
@@ -192,15 +181,16 @@ def free_bytes(device: torch.device) -> int | None:
     ncfcli.model.baselines.free_memory_bytes); None on a CPU, whose budget is fixed."""
     if device.type != "cuda":
         return None
-    from ncfcli.model.baselines import free_memory_bytes
-
     return free_memory_bytes(device)
 
 
 def budget_rows(
-    model: torch.nn.Module | None, device: torch.device | str, budget: int | None = None,
-    candidates: int | None = None, own_items: bool = False,
-) -> int:  # fmt: skip
+    model: torch.nn.Module | None,
+    device: torch.device | str,
+    budget: int | None = None,
+    candidates: int | None = None,
+    own_items: bool = False,
+) -> int:
     """Pairs per chunk that fit `budget` bytes (default: BUDGET_CPU or BUDGET_GPU; on a GPU at
     most FREE_SHARE of its free memory), at `pair_bytes(model, device, candidates, own_items)`
     a pair."""
@@ -238,7 +228,7 @@ def masked_scores(
     """
     device = users.device
     n = users.shape[0]
-    scores = _score_all(model, users, n_items, prev[users] if prev is not None else None)
+    scores = score_all(model, users, n_items, prev[users] if prev is not None else None)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
@@ -252,40 +242,6 @@ def masked_scores(
         cols = train_items[torch.repeat_interleave(first, counts, output_size=total) + within]
         scores[rows, cols.long()] = float("-inf")
     return scores
-
-
-def _score_all(
-    model: torch.nn.Module, users: torch.Tensor, n_items: int, prev: torch.Tensor | None = None,
-    items: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
-    """float32 [U, n_items] logits of users int64 [U] (previous items prev [U] for a model with
-    an order term) against every item, or [U, B] against items [B]."""
-    score_all = getattr(model, "score_all", None)
-    given = () if prev is None else (prev,)
-    if callable(score_all):  # NCF: its towers factored, less work than scoring pairs
-        if items is None:
-            return score_all(users, *given).float()
-        return score_all(users, *given, items=items).float()
-    n = users.shape[0]
-    if items is None:
-        items = torch.arange(n_items, dtype=torch.int64, device=users.device)
-    width = items.shape[0]
-    rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(width), items.repeat(n))
-    rows += tuple(p.repeat_interleave(width) for p in given)
-    return model(*rows).float().view(n, width)
-
-
-def takes_context(model: torch.nn.Module) -> bool:
-    """Does `model` score with a third input: the previous item (an order term), or the latest
-    items (a sequence term)?"""
-    cfg = getattr(model, "cfg", None)
-    return bool(getattr(cfg, "takes_context", False))
-
-
-def context_length(model: torch.nn.Module) -> int:
-    """The length of the window of latest items `model` scores with (a sequence term), 0 for
-    one previous item (an order term) or none: PreparedData.context's `length`."""
-    return int(getattr(getattr(model, "cfg", None), "sequence_length", 0) or 0)
 
 
 def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
@@ -366,7 +322,7 @@ def full_ranks(
         if order is not None and cap is not None:
             out.append(_capped_ranks(model, users, p, known, test_items[s:e], order, cap))
             continue
-        scores = _score_all(model, users, n_items, p).masked_fill_(known, float("-inf"))
+        scores = score_all(model, users, n_items, p).masked_fill_(known, float("-inf"))
         ranks = masked_ranks(scores, test_items[s:e])
         out.append(ranks if cap is None else ranks.clamp(max=cap))
     return torch.cat(out)
@@ -399,8 +355,8 @@ def full_split(data: Any, split: str, backend: Any, prev: torch.Tensor | None) -
     has = torch.zeros(data.n_users, dtype=torch.bool, device=device)
     has[users] = True
     offsets_np, seen_np = data.known_positives(split, xp)
-    return FullSplit(data.n_items, held, has, backend.to_torch(offsets_np).to(device),
-                     backend.to_torch(seen_np).to(device), prev)  # fmt: skip
+    offsets = backend.to_torch(offsets_np).to(device)
+    return FullSplit(data.n_items, held, has, offsets, backend.to_torch(seen_np).to(device), prev)
 
 
 def full_split_ranks(
@@ -409,8 +365,9 @@ def full_split_ranks(
     """The full-ranking ranks (capped at `cap`) of users [start, end) that have a held-out
     item: users are ranked by contiguous id ranges, one without an item with a stand-in item
     and dropped before counting."""
-    ranks = full_ranks(model, start, end, fs.n_items, fs.offsets, fs.seen, fs.held, max_rows,
-                       fs.prev, cap=cap)  # fmt: skip
+    ranks = full_ranks(
+        model, start, end, fs.n_items, fs.offsets, fs.seen, fs.held, max_rows, fs.prev, cap=cap
+    )
     return ranks[fs.has[start:end]]
 
 
@@ -454,7 +411,7 @@ def _capped_ranks(
     firsts = torch.unique(pos_items)  # sorted
     own = torch.searchsorted(firsts, pos_items)  # each user's positive, as a column of firsts
     rows = torch.arange(n_users, device=users.device)
-    scores = _score_all(model, users, n_items, prev, firsts)
+    scores = score_all(model, users, n_items, prev, firsts)
     scores.masked_fill_(known[:, firsts], float("-inf"))
     pos = scores[rows, own]
     beats = _beats(scores, pos)
@@ -468,7 +425,7 @@ def _capped_ranks(
     while i0 < rest.shape[0] and left.numel():
         items = rest[i0 : i0 + width]
         p = prev[left] if prev is not None else None
-        scores = _score_all(model, users[left], n_items, p, items)
+        scores = score_all(model, users[left], n_items, p, items)
         scores.masked_fill_(known[left[:, None], items[None, :]], float("-inf"))
         count[left] += _beats(scores, pos[left]).sum(dim=1)
         left = left[count[left] < cap]

@@ -21,21 +21,38 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from ncfcli.backend import get_backend
+from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
-from ncfcli.options import DATA, EVAL, opt, prepared, scoring_batch
+from ncfcli.launch.distributed import DistEnv, all_reduce_sum
+from ncfcli.rundir import eval_record
+from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring.metrics import (
+    TIE_RULE,
+    budget_rows,
+    full_split,
+    full_split_ranks,
+    metric_sums,
+    sampled_ranks,
+    sums_to_metrics,
+)
+from ncfcli.scoring.scorer import device_context
+from ncfcli.serve.config import FULL, EvalConfig
 
-if TYPE_CHECKING:  # EvalConfig loads no torch: `ncf eval -k 0` is refused at once
-    from ncfcli.launch.distributed import DistEnv
-
-DEFAULT_KS = (1, 5, 10, 20)
+__all__ = ["EvalConfig", "EvalReport", "evaluate", "resolve_data", "rows_for", "run_eval"]
 
 
 def rows_for(
-    backend: Any, batch_rows: int | None = None, model: Any = None,
-    candidates: int | None = None, own_items: bool = False,
-) -> int:  # fmt: skip
+    backend: Any,
+    batch_rows: int | None = None,
+    model: Any = None,
+    candidates: int | None = None,
+    own_items: bool = False,
+) -> int:
     """The (user, item) pairs to score at once: `batch_rows` (--eval-batch), else as many as
     the device's memory budget holds for `model` (ncfcli.scoring.metrics.budget_rows: 256 MB on a
     CPU, 4 GB on a GPU but at most half its free memory, divided by what a pair costs: 16
@@ -50,66 +67,8 @@ def rows_for(
     """
     if batch_rows is not None:
         return batch_rows
-    from ncfcli.scoring.metrics import budget_rows
-
     # model None: priced as forward() pairs
     return budget_rows(model, backend.torch_device, None, candidates, own_items)
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Options of `ncf eval`."""
-
-    ks: tuple[int, ...] = opt(
-        DEFAULT_KS, "Cut-offs K: -k 1 5 10 20 (or 1,5,10,20).", EVAL, flags=("-k", "--top-k"),
-        aliases=("--k", "--topk"), api="k", cli_type=list[str], cli_default=None,
-        parse=lambda v: parse_ks(v),
-    )  # fmt: skip
-    full_ranking: bool = opt(
-        False, "Rank against every item not in the user's training set.", EVAL
-    )  # else the sampled protocol
-    batch_rows: int | None = scoring_batch()
-    data: Path | None = opt(
-        None, "Evaluate on this prepared dataset (path or cache name).", DATA, cli_type=str,
-        parse=prepared, shown="the run's own",
-    )  # fmt: skip
-    split: str = opt("test", "Held-out set: test, or validation (for choosing models).", EVAL)
-    checkpoint: str = opt(
-        "best", "best (the epoch validation chose) or last (the run's last epoch).", EVAL
-    )
-
-    def __post_init__(self) -> None:
-        if not self.ks:
-            raise NcfError("--k needs at least one value")
-        for k in self.ks:
-            if k < 1:
-                raise NcfError(f"--k must be >= 1, got {k}")
-        if len(set(self.ks)) != len(self.ks):
-            raise NcfError(f"--k lists a value twice: {list(self.ks)}")
-        if self.split not in ("test", "validation"):
-            raise NcfError(f"--split must be test or validation, got {self.split!r}")
-        if self.batch_rows is not None and self.batch_rows < 1:
-            raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
-        if self.checkpoint not in ("best", "last"):
-            raise NcfError(f"--checkpoint must be best or last, got {self.checkpoint!r}")
-
-    @property
-    def protocol(self) -> str:
-        from ncfcli.scoring.metrics import FULL
-
-        return FULL if self.full_ranking else "sampled"
-
-
-def parse_ks(values: Sequence[str]) -> tuple[int, ...]:
-    """`--k 1 5 10`, `--k 1,5,10` or `--k 1 --k 5` -> (1, 5, 10), in the order given."""
-    out: list[int] = []
-    for v in values:
-        for part in str(v).replace(",", " ").split():
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise NcfError(f"--k takes integers, got {part!r}") from None
-    return tuple(out)
 
 
 def resolve_data(run: Any, data_path: str | Path | None, backend: Any) -> tuple[Any, str | None]:
@@ -119,8 +78,6 @@ def resolve_data(run: Any, data_path: str | Path | None, backend: Any) -> tuple[
     fingerprint): allowed, since evaluating on a re-split copy is a legitimate use, but the
     user must know.
     """
-    from ncfcli.data.dataset import load_prepared
-
     path = Path(data_path) if data_path is not None else run.dataset_path
     if data_path is None and not path.is_dir():
         raise NcfError(
@@ -161,21 +118,6 @@ def evaluate(
     Returns {"split", "dataset_split", "protocol", "tie_rule", "metrics": {"hr@k": ...,
     "ndcg@k": ...}, "users", "candidates"}; identical on every rank.
     """
-    import torch
-
-    from ncfcli.launch.distributed import DistEnv, all_reduce_sum
-    from ncfcli.scoring.metrics import (
-        FULL,
-        TIE_RULE,
-        context_length,
-        full_split,
-        full_split_ranks,
-        metric_sums,
-        sampled_ranks,
-        sums_to_metrics,
-        takes_context,
-    )
-
     env = DistEnv() if env is None else env
     model = run.model
     model.eval()
@@ -196,10 +138,8 @@ def evaluate(
         rows = rows_for(backend, cfg.batch_rows, model, data.n_items)
     else:  # each user's own N + 1 items, their rows gathered per pair
         rows = rows_for(backend, cfg.batch_rows, model, n_neg + 1, own_items=True)
-    # An order term scores each user after their latest item before the held-out one.
-    prev = None
-    if takes_context(model):  # a sequence term: the latest items before the held-out one
-        prev = backend.to_torch(data.context(cfg.split, xp, context_length(model))).to(device)
+    # A model with a context scores each user after their latest item(s) before the held-out one.
+    prev = device_context(model, data, cfg.split, backend)
     with torch.no_grad():
         if cfg.full_ranking:
             start, end = env.shard(data.n_users)
@@ -235,22 +175,16 @@ class EvalReport:
     checkpoint: str
     dataset: str
     note: str | None = None
-    saved: str | None = (
-        None  # RUN_DIR/eval.json, where the result was merged (ncfcli.rundir.eval_record)
-    )
+    saved: str | None = None  # RUN_DIR/eval.json, where the result was merged (eval_record)
 
 
 def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> EvalReport:
     """Load the run and its dataset on `device`, evaluate (one process), save in eval.json."""
-    from ncfcli.backend import get_backend
-    from ncfcli.rundir import eval_record
-    from ncfcli.rundir.checkpoint import load_run
-
     backend = get_backend(device)
     run = load_run(run_dir, backend.torch_device, cfg.checkpoint)
     data, note = resolve_data(run, cfg.data, backend)
     result = evaluate(run, data, cfg, backend)
     saved, why = eval_record.save(run.path, eval_record.rows_for(result, cfg.protocol, run, data))
     note = "; ".join(n for n in (note, why) if n) or None
-    return EvalReport(result, str(run.checkpoint_path), str(data.path), note,
-                      str(saved) if saved else None)  # fmt: skip
+    saved_path = str(saved) if saved else None
+    return EvalReport(result, str(run.checkpoint_path), str(data.path), note, saved_path)

@@ -11,8 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ncfcli.data.layout import HELDOUT_DIR, TRAIN_DIR, part_name
+from ncfcli.data.sources import RUNS_DIR, cache_dir
+from ncfcli.data.store import check_dataset, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.training.config import PARTNER, selection_key
+from ncfcli.ui import summary_table
 
 DATASET, RUN = "dataset", "run"
 
@@ -54,32 +58,39 @@ def _folder_files(folder: Path) -> list[dict[str, Any]]:
             out.append({"path": f.name, "bytes": f.stat().st_size})
         elif f.is_dir():
             inner = _files(f)
-            out.append({"path": f"{f.name}/ ({len(inner)} files)",
-                        "bytes": sum(x["bytes"] for x in inner)})  # fmt: skip
+            out.append(
+                {"path": f"{f.name}/ ({len(inner)} files)", "bytes": sum(x["bytes"] for x in inner)}
+            )
     return out
 
 
 def _buckets(folder: Path, meta: dict[str, Any]) -> list[dict[str, Any]]:
     """Per bucket: its users, training rows, validation items and bytes on disk."""
-    from ncfcli.data.dataset import HELDOUT_DIR, TRAIN_DIR, part_name
-
     out = []
     for b, entry in enumerate(meta.get("buckets") or []):
         part = part_name(b)
         train = folder / TRAIN_DIR / f"{part}.parquet"
         size = train.stat().st_size if train.is_file() else 0
-        size += sum(f["bytes"] for f in _files(folder / HELDOUT_DIR / part)) if (
-            folder / HELDOUT_DIR / part).is_dir() else 0  # fmt: skip
+        size += (
+            sum(f["bytes"] for f in _files(folder / HELDOUT_DIR / part))
+            if (folder / HELDOUT_DIR / part).is_dir()
+            else 0
+        )
         lo, hi = entry["users"]
-        out.append({"bucket": b, "users": [lo, hi], "n_users": hi - lo,
-                    "train": int(entry["n_train"]), "validation": int(entry["n_valid"]),
-                    "bytes": size})  # fmt: skip
+        out.append(
+            {
+                "bucket": b,
+                "users": [lo, hi],
+                "n_users": hi - lo,
+                "train": int(entry["n_train"]),
+                "validation": int(entry["n_valid"]),
+                "bytes": size,
+            }
+        )
     return out
 
 
 def dataset_report(folder: Path) -> dict[str, Any]:
-    from ncfcli.data.dataset import check_dataset, read_meta
-
     meta = read_meta(folder)
     check_dataset(folder)  # a corrupt file is one line naming it, not a report of bad counts
     n_users, n_items = int(meta["n_users"]), int(meta["n_items"])
@@ -176,8 +187,6 @@ def run_report(folder: Path) -> dict[str, Any]:
 
 def inspect_path(arg: str | Path) -> dict[str, Any]:
     """The report of a dataset or run given by path, cache name or name under ./runs."""
-    from ncfcli.data.sources import RUNS_DIR, cache_dir
-
     p = Path(arg).expanduser()
     candidates = [p]
     if not p.exists() and "/" not in str(arg):
@@ -219,8 +228,6 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
     """The chosen trial, the trials by state, the best of each kind, the importances."""
     from rich.table import Table
 
-    from ncfcli.ui import summary_table
-
     trials = report["trials"]
     metric = str(report.get("select_metric") or "hr@10")  # reports from before it: HR@10
     states: dict[str, int] = {}
@@ -233,13 +240,19 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
     best = report.get("best")
     if best:
         got = best["validation"]
-        rows += [("chosen", f"trial {best['number']}: {best['model']}"),
-                 ("settings", ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items())),
-                 ("chosen by", f"validation {metric}"),
-                 ("validation", f"HR@10 {got['hr@10']:.4f}  NDCG@10 {got['ndcg@10'] or 0:.4f}")]  # fmt: skip
+        rows += [
+            ("chosen", f"trial {best['number']}: {best['model']}"),
+            ("settings", ", ".join(f"{k}={_short(v)}" for k, v in best["params"].items())),
+            ("chosen by", f"validation {metric}"),
+            ("validation", f"HR@10 {got['hr@10']:.4f}  NDCG@10 {got['ndcg@10'] or 0:.4f}"),
+        ]
         if got.get("full-hr@10") is not None:
-            rows.append(("validation, full ranking",
-                         f"HR@10 {got['full-hr@10']:.4f}  NDCG@10 {got['full-ndcg@10']:.4f}"))  # fmt: skip
+            rows.append(
+                (
+                    "validation, full ranking",
+                    f"HR@10 {got['full-hr@10']:.4f}  NDCG@10 {got['full-ndcg@10']:.4f}",
+                )
+            )
         for protocol, m in best["test"].items():
             rows.append(
                 (f"test, {protocol}", f"HR@10 {m['hr@10']:.4f}  NDCG@10 {m['ndcg@10']:.4f}")
@@ -255,9 +268,13 @@ def print_tune_report(console: Any, report: dict[str, Any]) -> None:
         mine = [t for t in trials if t["model"] == kind]
         done = [t for t in mine if t["state"] == "complete"]
         top = max(done, key=lambda t: t.get("value", t["validation_hr@10"]), default=None)
-        kinds.add_row(kind, str(len(mine)), f"{top[f'validation_{metric}']:.4f}" if top else "-",
-                      f"{top[f'validation_{partner}'] or 0:.4f}" if top else "-",
-                      str(top["number"]) if top else "-")  # fmt: skip
+        kinds.add_row(
+            kind,
+            str(len(mine)),
+            f"{top[f'validation_{metric}']:.4f}" if top else "-",
+            f"{top[f'validation_{partner}'] or 0:.4f}" if top else "-",
+            str(top["number"]) if top else "-",
+        )
     console.print(kinds)
     for scope, values in (report.get("importances") or {}).items():
         shown = ", ".join(f"{k} {v:.2f}" for k, v in sorted(values.items(), key=lambda kv: -kv[1]))
@@ -272,38 +289,54 @@ def print_report(console: Any, report: dict[str, Any]) -> None:
     """The report as two small tables: the facts, then the files."""
     from rich.table import Table
 
-    from ncfcli.ui import summary_table
-
     if report.get("kind") == "tune":
         print_tune_report(console, report)
         return
     rows: list[tuple[str, Any]]
     if report["kind"] == DATASET:
-        rows = [("source", report["source"]), ("users", f"{report['users']:,}"),
-                ("items", f"{report['items']:,}"), ("train positives", f"{report['train']:,}"),
-                ("test", f"{report['test']:,}")]  # fmt: skip
+        rows = [
+            ("source", report["source"]),
+            ("users", f"{report['users']:,}"),
+            ("items", f"{report['items']:,}"),
+            ("train positives", f"{report['train']:,}"),
+            ("test", f"{report['test']:,}"),
+        ]
         if report.get("validation") is not None:
             rows.append(("validation", f"{report['validation']:,}"))
-        rows += [("sparsity", f"{report['sparsity']:.4%}"), ("split", report["split"]),
-                 ("protocol", report["protocol"]), ("seed", report["seed"]),
-                 ("item titles", "yes" if report["titles"] else "no"),
-                 ("fingerprint", report["fingerprint"])]  # fmt: skip
+        rows += [
+            ("sparsity", f"{report['sparsity']:.4%}"),
+            ("split", report["split"]),
+            ("protocol", report["protocol"]),
+            ("seed", report["seed"]),
+            ("item titles", "yes" if report["titles"] else "no"),
+            ("fingerprint", report["fingerprint"]),
+        ]
     else:
         m, t = report["model"], report["train"]
         shape = f"{m.get('kind')}, factors {m.get('factors')}, layers {m.get('layers')}"
-        rows = [("model", shape), ("dataset", report["dataset"]
-                                   + ("" if report["dataset_present"] else " (missing)")),
-                ("epochs", f"{report['epochs']} of {t.get('epochs')}"),
-                ("best epoch", f"{report['best_epoch']} " + (
-                    f"(the last: a refit of {t.get('refit')})" if report["selected_by"] == "last"
-                    else f"(chosen on {report['selected_by']})"))]  # fmt: skip
+        rows = [
+            ("model", shape),
+            ("dataset", report["dataset"] + ("" if report["dataset_present"] else " (missing)")),
+            ("epochs", f"{report['epochs']} of {t.get('epochs')}"),
+            (
+                "best epoch",
+                f"{report['best_epoch']} "
+                + (
+                    f"(the last: a refit of {t.get('refit')})"
+                    if report["selected_by"] == "last"
+                    else f"(chosen on {report['selected_by']})"
+                ),
+            ),
+        ]
         for group, scores in (report["best"] or {}).items():
             rows += [(f"{group} {k}", f"{v:.4f}") for k, v in scores.items()]
         for e in report["evaluations"]:
             what = f"eval {e.get('split')}, {e.get('protocol')}, @{e.get('k')}"
             rows.append((what, f"HR {e.get('hr', 0):.4f}  NDCG {e.get('ndcg', 0):.4f}"))
-        rows += [("lr / batch", f"{t.get('lr')} / {t.get('batch_size')}"),
-                 ("device", f"{report['device']} x {report['world_size']}")]  # fmt: skip
+        rows += [
+            ("lr / batch", f"{t.get('lr')} / {t.get('batch_size')}"),
+            ("device", f"{report['device']} x {report['world_size']}"),
+        ]
     console.print(summary_table(f"ncf inspect: {report['kind']} {report['path']}", rows))
     if report.get("buckets"):
         console.print(_bucket_table(report["buckets"]))
@@ -323,18 +356,28 @@ def _bucket_table(buckets: list[dict[str, Any]]) -> Any:
     rest in one row with their smallest and largest training rows."""
     from rich.table import Table
 
-    table = Table(title=f"{len(buckets)} buckets (ranges of users; training shards)",
-                  title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"{len(buckets)} buckets (ranges of users; training shards)", title_justify="left"
+    )
     for name in ("bucket", "users", "train rows", "validation", "size"):
         table.add_column(name, justify="left" if name == "users" else "right")
     for b in buckets[:SHOWN_BUCKETS]:
         lo, hi = b["users"]
-        table.add_row(str(b["bucket"]), f"{lo:,}-{hi - 1:,}" if hi > lo else "none",
-                      f"{b['train']:,}", f"{b['validation']:,}", _size(b["bytes"]))  # fmt: skip
+        table.add_row(
+            str(b["bucket"]),
+            f"{lo:,}-{hi - 1:,}" if hi > lo else "none",
+            f"{b['train']:,}",
+            f"{b['validation']:,}",
+            _size(b["bytes"]),
+        )
     rest = buckets[SHOWN_BUCKETS:]
     if rest:
         rows = [b["train"] for b in rest]
-        table.add_row(f"{len(rest)} more", f"{rest[0]['users'][0]:,}-{rest[-1]['users'][1] - 1:,}",
-                      f"{min(rows):,} to {max(rows):,}", f"{sum(b['validation'] for b in rest):,}",
-                      _size(sum(b["bytes"] for b in rest)))  # fmt: skip
+        table.add_row(
+            f"{len(rest)} more",
+            f"{rest[0]['users'][0]:,}-{rest[-1]['users'][1] - 1:,}",
+            f"{min(rows):,} to {max(rows):,}",
+            f"{sum(b['validation'] for b in rest):,}",
+            _size(sum(b["bytes"] for b in rest)),
+        )
     return table

@@ -36,8 +36,10 @@ def user_states(model: Any, windows: Any) -> Any:
 
     table = torch.as_tensor(windows, dtype=torch.int64)
     with torch.no_grad():
-        parts = [model.sequence.user_state(table[lo : lo + STATE_USERS])
-                 for lo in range(0, table.shape[0], STATE_USERS)]  # fmt: skip
+        parts = [
+            model.sequence.user_state(table[lo : lo + STATE_USERS])
+            for lo in range(0, table.shape[0], STATE_USERS)
+        ]
     return torch.cat(parts).float()
 
 

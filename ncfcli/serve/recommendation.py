@@ -17,7 +17,7 @@ chunk's top-K into a Parquet (or CSV) file: user, rank, item, score, plus title 
 prepared dataset has item titles (data/sources.py).
 
 A model with an order term (`ncf train --order-factors`) scores each user after an item of
-theirs (see _Scorer and context_split); the JSON lists name it as "after". `ncf export` builds
+theirs (see ListScorer and context_split); the JSON lists name it as "after". `ncf export` builds
 the --exclude-seen context into its ONNX graph, so the served model scores as `recommend
 --exclude-seen` does; "after" is the `prev_item` to give the session model (`ncf export
 --session`) for the same list.
@@ -25,55 +25,36 @@ the --exclude-seen context into its ONNX graph, so the served model scores as `r
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncfcli.errors import NcfError
-from ncfcli.options import DATA, OUTPUT, opt, prepared, scoring_batch
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import torch
 
-FALLBACKS = ("popular",)
+from ncfcli.backend import get_backend
+from ncfcli.data.sources import TITLES, read_title_table
+from ncfcli.data.store import load_id_maps
+from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_path, read_marker
+from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring.metrics import chunk_users, masked_scores, top_items
+from ncfcli.scoring.scorer import latest_items, split_context
+from ncfcli.serve.config import FALLBACKS, RecommendConfig
+from ncfcli.serve.evaluation import resolve_data, rows_for
+from ncfcli.version import __version__
+
+__all__ = ["FALLBACKS", "ListScorer", "RecommendConfig", "recommend", "recommend_all"]
+
 EXIT_UNKNOWN = 3  # some users were unknown and skipped; the others got their lists
 OUT_FORMATS = (".parquet", ".csv")
 ROW_GROUP = 1 << 18  # rows per write of --all-users
-
-
-@dataclass(frozen=True)
-class RecommendConfig:
-    """Options of `ncf recommend`."""
-
-    k: int = opt(10, "Items per user.", OUTPUT, flags=("-k", "--top-k"), aliases=("--topk",))
-    batch_rows: int | None = scoring_batch()
-    data: Path | None = opt(
-        None, "Prepared dataset for id maps and training items.", DATA, cli_type=str,
-        parse=prepared, shown="the run's own",
-    )  # fmt: skip
-    fallback: str | None = opt(
-        None, "popular: unknown users get the items with the most training interactions.",
-        DATA, shown="skip unknown users",
-    )  # fmt: skip
-    strict: bool = opt(
-        False, "Refuse the whole batch (exit 1) if any user is unknown; else they are skipped "
-        "and listed on stderr (exit 3).", DATA,
-    )  # fmt: skip
-    exclude_seen: bool = opt(
-        False, "Also leave out each user's held-out items (validation, test): lists to serve. "
-        "Without it they stay candidates, as full-ranking evaluation scores them.", DATA,
-    )  # fmt: skip
-
-    def __post_init__(self) -> None:
-        if self.k < 1:
-            raise NcfError(f"-k must be >= 1, got {self.k}")
-        if self.batch_rows is not None and self.batch_rows < 1:
-            raise NcfError(f"--eval-batch must be >= 1, got {self.batch_rows}")
-        if self.fallback is not None and self.fallback not in FALLBACKS:
-            raise NcfError(
-                f"--fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}"
-            )
-        if self.strict and self.fallback is not None:
-            raise NcfError("--strict and --fallback exclude each other")
 
 
 @dataclass
@@ -171,16 +152,12 @@ def dense_users(raw_users: Sequence[str], user_ids: Any) -> list[int]:
 
 def load_titles(data_dir: str | Path) -> Any:
     """The dataset's item titles by dense item id (object array, None where unknown), or None."""
-    from ncfcli.data.sources import TITLES, read_title_table
-
     path = Path(data_dir) / TITLES
     return read_title_table(path) if path.is_file() else None
 
 
 def popular_items(data: Any, k: int, backend: Any) -> tuple[list[int], list[int]]:
     """The k items with the most training interactions (ties: lower item id), and their counts."""
-    import numpy as np
-
     counts = np.bincount(backend.to_numpy(data.train_items), minlength=data.n_items)
     order = np.argsort(-counts, kind="stable")[:k]
     return order.tolist(), counts[order].tolist()
@@ -193,19 +170,16 @@ def context_split(exclude_seen: bool) -> str:
     return "next" if exclude_seen else "test"
 
 
-class _Scorer:
+class ListScorer:
     """The run's model and the items it leaves out per user (training positives; with
     --exclude-seen, every positive) on the device, scoring chunks of users.
 
-    A model with an order term scores each user after an item of theirs, as evaluation does
-    (PreparedData.context): by default the one before the test item, the list the full-ranking
-    test metric ranks; with --exclude-seen the test item itself, the user's latest, so the
-    list is what comes after everything the data holds."""
+    A model with a context scores each user after an item of theirs (or their latest items),
+    as evaluation does (ncfcli/scoring/scorer.py): by default the one before the test item, the
+    list the full-ranking test metric ranks; with --exclude-seen the test item itself, the
+    user's latest, so the list is what comes after everything the data holds."""
 
     def __init__(self, run: Any, data: Any, cfg: RecommendConfig, backend: Any) -> None:
-        from ncfcli.scoring.metrics import chunk_users, context_length, takes_context
-        from ncfcli.serve.evaluation import rows_for
-
         device = backend.torch_device
         self.data = data
         offsets, known = (
@@ -219,27 +193,21 @@ class _Scorer:
         self.model.eval()
         self.prev = None
         self.after: Any = None  # host int [n_users]: the context item, for the JSON lists
-        if takes_context(self.model):
-            split = context_split(cfg.exclude_seen)
-            context = data.context(split, backend.xp, context_length(self.model))
+        context = split_context(self.model, data, context_split(cfg.exclude_seen), backend.xp)
+        if context is not None:
             self.prev = backend.to_torch(context).to(device)
-            latest = context[:, -1] if context.ndim == 2 else context  # a sequence term's last
-            self.after = backend.to_numpy(latest)
+            self.after = backend.to_numpy(latest_items(context))
         self.device = device
         self.k = cfg.k
-        self.step = chunk_users(data.n_items, rows_for(backend, cfg.batch_rows, self.model,
-                                                      data.n_items))  # fmt: skip
+        rows = rows_for(backend, cfg.batch_rows, self.model, data.n_items)
+        self.step = chunk_users(data.n_items, rows)
 
     def top(self, dense: Sequence[int] | Any) -> tuple[Any, Any]:
         """Dense user ids -> host (items int64 [U, k'], logits float32 [U, k']), -inf = no item."""
-        import torch
-
-        from ncfcli.scoring.metrics import masked_scores, top_items
-
         with torch.no_grad():
             users = torch.as_tensor(dense, dtype=torch.int64, device=self.device)
-            scores = masked_scores(self.model, users, self.data.n_items, self.offsets, self.known,
-                                   self.prev)  # fmt: skip
+            n_items = self.data.n_items
+            scores = masked_scores(self.model, users, n_items, self.offsets, self.known, self.prev)
             items_t, top_t = top_items(scores, self.k)
             return items_t.cpu().numpy(), top_t.cpu().numpy()
 
@@ -249,8 +217,6 @@ def recommend(
 ) -> Recommendations:
     """Top-K for each raw user id, in input order; unknown users skipped, refused or given the
     popular items, as `cfg` says."""
-    from ncfcli.data.dataset import load_id_maps
-
     user_ids, item_ids = load_id_maps(data.path)
     titles = load_titles(data.path)
     found = lookup_users(raw_users, user_ids)
@@ -259,7 +225,7 @@ def recommend(
         why = "; --strict refuses the batch" if len(unknown) < len(raw_users) else ""
         raise NcfError(unknown_message(unknown, user_ids) + why)
     known = [i for i in found if i is not None]
-    scorer = _Scorer(run, data, cfg, backend)
+    scorer = ListScorer(run, data, cfg, backend)
     lists: dict[int, tuple[list[Any], list[float]]] = {}
     for s in range(0, len(known), scorer.step):
         chunk = known[s : s + scorer.step]
@@ -283,8 +249,8 @@ def recommend(
         if dense_u is not None:
             results.append(entry(_py(user_ids[dense_u]), *lists[dense_u], dense_u))
         elif popular is not None:
-            results.append({**entry(raw, popular[0], [float(c) for c in popular[1]]),
-                            "fallback": "popular"})  # fmt: skip
+            counts = [float(c) for c in popular[1]]
+            results.append({**entry(raw, popular[0], counts), "fallback": "popular"})
     if popular is not None or not unknown:
         return Recommendations(results)
     line = unknown_message(unknown, user_ids, limit=None) + "; skipped"
@@ -303,8 +269,6 @@ def _csv_header(columns: Sequence[str]) -> bytes:
 def written_by_ncf(path: Path) -> bool:
     """Whether `path` is an earlier `recommend --all-users` table (its Parquet metadata, or its
     CSV header exactly as ncf writes it; ncf <= 0.6 listed it in a record beside it instead)."""
-    from ncfcli.fsutil import read_marker
-
     record = read_marker(path.parent)
     if record is not None and path.name in record["entries"]:
         return True
@@ -314,8 +278,6 @@ def written_by_ncf(path: Path) -> bool:
             with open(path, "rb") as f:
                 head = f.read(64)
             return head.startswith((_csv_header(base), _csv_header([*base, "title"])))
-        import pyarrow.parquet as pq
-
         return TABLE_KEY in (pq.read_schema(path).metadata or {})
     except Exception:  # unreadable, not Parquet at all: not ncf's table
         return False
@@ -331,36 +293,37 @@ def check_out_file(out: str | Path, overwrite: bool) -> Path:
         raise NcfError(f"--out {p}: use a .parquet or .csv file name")
     if p.exists() or p.is_symlink():
         if p.is_symlink() or not written_by_ncf(p):
-            raise NcfError(f"--out {p} already exists and ncf did not write it; nothing was "
-                           "changed: give another file name")  # fmt: skip
+            raise NcfError(
+                f"--out {p} already exists and ncf did not write it; nothing was "
+                "changed: give another file name"
+            )
         if not overwrite:
-            raise NcfError(f"--out {p} already exists (written by ncf): add --overwrite to "
-                           "replace it")  # fmt: skip
+            raise NcfError(
+                f"--out {p} already exists (written by ncf): add --overwrite to replace it"
+            )
     if not p.parent.is_dir():
         raise NcfError(f"--out {p}: folder {p.parent} does not exist")
     return p
 
 
 def recommend_all(
-    run: Any, data: Any, out: str | Path, cfg: RecommendConfig, backend: Any,
+    run: Any,
+    data: Any,
+    out: str | Path,
+    cfg: RecommendConfig,
+    backend: Any,
     overwrite: bool = False,
-) -> AllUsersResult:  # fmt: skip
+) -> AllUsersResult:
     """Every user's top-K into `out` (.parquet or .csv): user, rank, item, score[, title].
 
     Users are scored in chunks on the device (the same code as `recommend`); each chunk's lists
     are appended to a temporary file that replaces `out` only once complete.
     """
-    import numpy as np
-    import pyarrow as pa
-
-    from ncfcli.data.dataset import load_id_maps
-    from ncfcli.fsutil import atomic_path
-
     t0 = time.perf_counter()
     path = check_out_file(out, overwrite)
     user_ids, item_ids = load_id_maps(data.path)
     titles = load_titles(data.path)
-    scorer = _Scorer(run, data, cfg, backend)
+    scorer = ListScorer(run, data, cfg, backend)
     user_col, item_col = pa.array(user_ids), pa.array(item_ids)
     title_col = None if titles is None else pa.array(list(titles), type=pa.string())
     k_eff = min(cfg.k, data.n_items)
@@ -373,8 +336,12 @@ def recommend_all(
         nonlocal writer, rows
         users, rank, flat, score = (np.concatenate(c) for c in zip(*pending, strict=True))
         pending.clear()
-        columns = {"user": user_col.take(pa.array(users)), "rank": pa.array(rank),
-                   "item": item_col.take(pa.array(flat)), "score": pa.array(score)}  # fmt: skip
+        columns = {
+            "user": user_col.take(pa.array(users)),
+            "rank": pa.array(rank),
+            "item": item_col.take(pa.array(flat)),
+            "score": pa.array(score),
+        }
         if title_col is not None:
             columns["title"] = title_col.take(pa.array(flat))
         table = pa.table(columns)
@@ -388,9 +355,11 @@ def recommend_all(
             dense = np.arange(s, min(s + scorer.step, data.n_users), dtype=np.int64)
             items, top = scorer.top(dense)
             keep = (top != float("-inf")).ravel()
-            pending.append((np.repeat(dense, items.shape[1])[keep],
-                            np.tile(ranks[: items.shape[1]], len(dense))[keep],
-                            items.ravel()[keep], top.ravel()[keep].astype(np.float32)))  # fmt: skip
+            width = items.shape[1]
+            users, rank = np.repeat(dense, width), np.tile(ranks[:width], len(dense))
+            pending.append(
+                (users[keep], rank[keep], items.ravel()[keep], top.ravel()[keep].astype(np.float32))
+            )
             buffered += int(keep.sum())
             if buffered >= ROW_GROUP:  # large row groups: chunks of a few users would be tiny
                 flush()
@@ -401,30 +370,19 @@ def recommend_all(
             raise NcfError(f"dataset {data.path} has no users")
         writer.close()
     backend.synchronize()
-    return AllUsersResult(out=str(path), users=data.n_users, rows=rows, k=cfg.k,
-                          titles=titles is not None, seconds=time.perf_counter() - t0)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    has_titles = titles is not None
+    return AllUsersResult(str(path), data.n_users, rows, cfg.k, has_titles, seconds)
 
 
 def _open_writer(path: Path, schema: Any, csv: bool) -> Any:
     if csv:
-        import pyarrow.csv as pcsv
-
         return pcsv.CSVWriter(path, schema)
-    import json
-
-    import pyarrow.parquet as pq
-
-    from ncfcli.version import __version__
-
     mark = json.dumps({"written_by": f"ncfcli {__version__}", "command": "recommend --all-users"})
     return pq.ParquetWriter(path, schema.with_metadata({TABLE_KEY: mark.encode()}))
 
 
 def _load(run_dir: str | Path, cfg: RecommendConfig, device: str) -> tuple[Any, Any, Any, Any]:
-    from ncfcli.backend import get_backend
-    from ncfcli.rundir.checkpoint import load_run
-    from ncfcli.serve.evaluation import resolve_data
-
     backend = get_backend(device)
     run = load_run(run_dir, backend.torch_device)
     data, note = resolve_data(run, cfg.data, backend)
@@ -447,9 +405,12 @@ def run_recommend(
 
 
 def run_recommend_all(
-    run_dir: str | Path, out: str | Path, cfg: RecommendConfig, device: str = "auto",
+    run_dir: str | Path,
+    out: str | Path,
+    cfg: RecommendConfig,
+    device: str = "auto",
     overwrite: bool = False,
-) -> AllUsersResult:  # fmt: skip
+) -> AllUsersResult:
     """Load the run and its dataset, then write every user's top-K to `out`."""
     check_out_file(out, overwrite)  # before the model loads: a refusal costs nothing
     run, data, note, backend = _load(run_dir, cfg, device)

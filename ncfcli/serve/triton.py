@@ -10,11 +10,17 @@ import json
 import shutil
 from pathlib import Path
 
+from ncfcli.data.layout import ID_MAPS
+from ncfcli.fsutil import atomic_dir, write_marker
+
 
 def triton_config(
-    name: str, max_batch_size: int, inputs: tuple[str, ...], output: str,
+    name: str,
+    max_batch_size: int,
+    inputs: tuple[str, ...],
+    output: str,
     widths: dict[str, int] | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """config.pbtxt for an exported graph with int64 `inputs` and one float32 `output`.
 
     The graph's tensors are [batch]; Triton's dims exclude the batch dim and may not be empty,
@@ -39,22 +45,26 @@ def triton_config(
 
 
 def write_model(
-    tdir: Path, name: str, graph: Path, inputs: tuple[str, ...], output: str, desc: dict,
-    max_batch_size: int, widths: dict[str, int] | None = None,
-) -> None:  # fmt: skip
+    tdir: Path,
+    name: str,
+    graph: Path,
+    inputs: tuple[str, ...],
+    output: str,
+    desc: dict,
+    max_batch_size: int,
+    widths: dict[str, int] | None = None,
+) -> None:
     """Write the model directory `tdir` atomically: `graph` as 1/model.onnx, its config.pbtxt,
     the id maps found beside `graph`, and `desc` (the graph's JSON) as model.json."""
-    from ncfcli.data.dataset import ID_MAPS
-    from ncfcli.fsutil import atomic_dir, write_marker
-
     with atomic_dir(tdir, "triton model") as tmp_t:
         # mkdtemp makes it owner-only; a server running as another user must read it.
         tmp_t.chmod(0o755)
         (tmp_t / "1").mkdir()
         write_marker(tmp_t / "1", "triton model", ["model.onnx"])
         shutil.copyfile(graph, tmp_t / "1" / "model.onnx")
-        (tmp_t / "config.pbtxt").write_text(triton_config(name, max_batch_size, inputs, output,
-                                                                   widths))  # fmt: skip
+        (tmp_t / "config.pbtxt").write_text(
+            triton_config(name, max_batch_size, inputs, output, widths)
+        )
         for fname in ID_MAPS:
             shutil.copyfile(graph.parent / fname, tmp_t / fname)
         tdesc = {k: v for k, v in desc.items() if k != "session"}

@@ -29,8 +29,9 @@ from ncfcli.scoring.metrics import (
     sampled_ranks,
     sums_to_metrics,
 )
+from ncfcli.scoring.scorer import device_context, split_context
 from ncfcli.training.config import TrainConfig, selection_key
-from ncfcli.training.device import _tf32_restored
+from ncfcli.training.device import tf32_restored
 
 KS = (10,)
 FULL_PREFIX = "full-"
@@ -58,7 +59,7 @@ def evaluate_split(
     users, test_items, test_negs, *prev = eval_set  # prev: the order term's context, if any
     was_training = model.training
     model.eval()
-    with _tf32_restored(), torch.autocast(users.device.type, enabled=False), torch.no_grad():
+    with tf32_restored(), torch.autocast(users.device.type, enabled=False), torch.no_grad():
         torch.backends.cuda.matmul.allow_tf32 = False
         ranks = sampled_ranks(model, users, test_items, test_negs, max_rows, *prev)
         if full is not None:
@@ -91,8 +92,9 @@ def eval_sets(
     out = {}
     for split in ("validation", "test") if data.has_validation else ("test",):
         held: tuple[Any, ...] = data.held_out(split, backend.xp)
-        if cfg.order_factors or cfg.sequence_length:  # the latest item(s) before the held-out one
-            held += (data.context(split, backend.xp, int(cfg.sequence_length or 0))[held[0]],)
+        context = split_context(cfg, data, split, backend.xp)  # the latest item(s) before it
+        if context is not None:
+            held += (context[held[0]],)
         lo, hi = env.shard(int(held[0].shape[0])) if data.shard is None else (None, None)
         out[split] = tuple(backend.to_torch(a)[lo:hi] for a in held)
     return out
@@ -106,13 +108,12 @@ def full_sets(
     if not needs_full(cfg.select_metric) or select == "last":
         return {}
     if data.shard is not None:
-        raise NcfError(f"--select-metric {cfg.select_metric} ranks every item for every user at "
-                       "each validated epoch, which needs the whole dataset on each rank: use "
-                       "--shard none, or a sampled metric (hr@10, ndcg@10)")  # fmt: skip
-    prev = None
-    if cfg.order_factors or cfg.sequence_length:
-        context = data.context(select, backend.xp, int(cfg.sequence_length or 0))
-        prev = backend.to_torch(context).to(backend.torch_device)
+        raise NcfError(
+            f"--select-metric {cfg.select_metric} ranks every item for every user at "
+            "each validated epoch, which needs the whole dataset on each rank: use "
+            "--shard none, or a sampled metric (hr@10, ndcg@10)"
+        )
+    prev = device_context(cfg, data, select, backend)
     return {select: full_split(data, select, backend, prev)}
 
 
@@ -121,8 +122,9 @@ def improves(
 ) -> bool:
     """Whether an epoch with these `metrics` (of the `select` split) becomes the run's best,
     ranked by `metric` (--select-metric)."""
-    return (best is None or select == "last"
-            or selection_key(metrics, metric) > selection_key(best[select], metric))  # fmt: skip
+    if best is None or select == "last":
+        return True
+    return selection_key(metrics, metric) > selection_key(best[select], metric)
 
 
 def score_split(

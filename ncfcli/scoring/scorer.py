@@ -1,0 +1,91 @@
+"""Which third input a model scores with, and scoring users against items with it: the one
+home of the context rule for evaluation, validation, recommend and export.
+
+A model takes one of three contexts (`context_window`): none (user and item alone); the
+previous item, int [B], for an order term; or the latest L items, int [B, L] oldest first and
+right-aligned (n_items pads), for a sequence term, whose order term reads the window's last.
+Either comes from the data (PreparedData.context(split, xp, length)), for the split scored:
+the items before the held-out one, or "next", everything the data holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def context_window(source: Any) -> int | None:
+    """The context `source` scores with: None (none), 0 (the previous item [B]) or L (the
+    latest L items [B, L]). `source` is a model, its ModelConfig, or a resolved TrainConfig."""
+    cfg = getattr(source, "cfg", source)
+    length = int(getattr(cfg, "sequence_length", 0) or 0)
+    takes = getattr(cfg, "takes_context", None)
+    if takes is None:  # a TrainConfig: the terms' sizes
+        takes = getattr(cfg, "order_factors", 0) or length
+    return length if takes else None
+
+
+def takes_context(source: Any) -> bool:
+    """Does `source` (as in context_window) score with a third input: the previous item (an
+    order term), or the latest items (a sequence term)?"""
+    return context_window(source) is not None
+
+
+def split_context(source: Any, data: Any, split: str, xp: Any) -> Any:
+    """Each user's context (by dense user id) before `split`'s held-out item ("next": after
+    everything), as `source` takes it, in `xp`'s arrays; None for a model without one."""
+    window = context_window(source)
+    return None if window is None else data.context(split, xp, window)
+
+
+def device_context(source: Any, data: Any, split: str, backend: Any) -> torch.Tensor | None:
+    """split_context on `backend`'s torch device."""
+    context = split_context(source, data, split, backend.xp)
+    return None if context is None else backend.to_torch(context).to(backend.torch_device)
+
+
+def latest_items(context: Any) -> Any:
+    """The latest item of each user's context: the previous item itself, or a window's last."""
+    return context[:, -1] if context.ndim == 2 else context
+
+
+def score_items(
+    model: torch.nn.Module, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None
+) -> torch.Tensor:
+    """float32 [U, C] logits of users [U] against their own items [U, C] (prev: the users'
+    context, or None): the factored score_all where the model has one, else forward()."""
+    given = () if prev is None else (prev,)
+    score_all = getattr(model, "score_all", None)
+    if callable(score_all):
+        return score_all(users, *given, items=items).float()
+    pairs: tuple[torch.Tensor, ...] = (
+        users[:, None].expand_as(items).reshape(-1),
+        items.reshape(-1),
+    )
+    pairs += tuple(p[:, None].expand_as(items).reshape(-1) for p in given)
+    return model(*pairs).float().view(items.shape)
+
+
+def score_all(
+    model: torch.nn.Module,
+    users: torch.Tensor,
+    n_items: int,
+    prev: torch.Tensor | None = None,
+    items: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """float32 [U, n_items] logits of users int64 [U] (prev: the users' context, or None)
+    against every item, or [U, B] against items [B]."""
+    factored = getattr(model, "score_all", None)
+    given = () if prev is None else (prev,)
+    if callable(factored):  # NCF: its towers factored, less work than scoring pairs
+        if items is None:
+            return factored(users, *given).float()
+        return factored(users, *given, items=items).float()
+    n = users.shape[0]
+    if items is None:
+        items = torch.arange(n_items, dtype=torch.int64, device=users.device)
+    width = items.shape[0]
+    rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(width), items.repeat(n))
+    rows += tuple(p.repeat_interleave(width) for p in given)
+    return model(*rows).float().view(n, width)
