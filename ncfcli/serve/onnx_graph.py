@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.scoring.scorer import context_window
 
 INPUTS = ("user", "item")
 ORDER_INPUT = "prev_item"  # the session model's third input
 OUTPUT = "logit"
-MIN_OPSET = 18  # the torch.export-based exporter emits opset 18 and newer
 STATE_USERS = 4096  # users whose encoder states are computed at once for the graph's table
 
 
@@ -110,7 +110,7 @@ def export_onnx(
     # torch.export specialises example dims of size 0 or 1 to constants; a batch of 2 and a
     # declared dynamic dim keep the graph batch-agnostic.
     example = tuple(torch.tensor([0, 1], dtype=torch.int64) for _ in names)
-    length = int(getattr(model.cfg, "sequence_length", 0) or 0) if hasattr(model, "cfg") else 0
+    length = context_window(model) or 0
     if session and length:  # the sequence term's window: [batch, L]
         example = (*example[:2], torch.zeros(2, length, dtype=torch.int64))
     batch = torch.export.Dim("batch")
