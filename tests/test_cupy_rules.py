@@ -22,6 +22,7 @@ from ncfcli.backend import Backend, get_backend
 from ncfcli.data import preparation as prepare_mod
 from ncfcli.data.batches import KeyedPermutation, NegativeSampler
 from ncfcli.data.dataset import PreparedData
+from ncfcli.data.engines import memory as memory_engine
 from ncfcli.data.layout import AGE_ARRAY, ARRAYS, VALID_ARRAYS
 from ncfcli.data.raw import RawInteractions
 from ncfcli.data.store import load_prepared, read_meta
@@ -57,7 +58,7 @@ def _raw(backend: Backend) -> RawInteractions:
 
 
 def _prepare(out: Path, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    monkeypatch.setattr(prepare_mod, "_load", lambda config, be, quiet: _raw(be))
+    monkeypatch.setattr(memory_engine, "load_raw", lambda config, be, quiet: _raw(be))
     config = prepare_mod.PrepareConfig(source=str(out), out=str(out), seed=4,
                                        eval_negatives=N_NEG, min_rating=2.0)  # fmt: skip
     with no_implicit_numpy():

@@ -395,7 +395,7 @@ def test_default_out_is_in_cache(tmp_path: Path) -> None:
 def test_ties_at_the_latest_time_follow_the_seeded_hash(tmp_path: Path) -> None:
     """Many users rate 8 items in the same second: the pick is the documented hash's argmax,
     it ignores row order, and it is not biased towards large (or small) item ids."""
-    from ncfcli.data.preparation import tie_priority
+    from ncfcli.data.split import tie_priority
 
     n_users, n_items = 200, 40
     rows = []
@@ -510,7 +510,7 @@ def test_a_file_without_time_needs_split_random(tmp_path: Path) -> None:
 def test_split_random_is_a_seeded_uniform_pick(tmp_path: Path) -> None:
     """Each user's test item, then validation item, is the seeded hash's argmax over its items
     (times ignored): row order does not matter, the seed does, and every item is picked."""
-    from ncfcli.data.preparation import tie_priority
+    from ncfcli.data.split import tie_priority
 
     n_users, n_items, per = 300, 12, 5
     lines = ["user,item"] + [f"{u},{(u + 2 * j) % n_items}" for u in range(n_users)
