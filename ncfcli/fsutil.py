@@ -155,8 +155,12 @@ def write_marker(folder: str | os.PathLike, kind: str, entries: Iterable[str]) -
     old = read_marker(folder)
     if old is not None and old["kind"] == kind:
         names |= {str(e) for e in old["entries"]}
-    record = {"kind": kind, "format_version": MARKER_VERSION, "written_by": f"ncfcli {__version__}",
-              "entries": sorted(names)}  # fmt: skip
+    record = {
+        "kind": kind,
+        "format_version": MARKER_VERSION,
+        "written_by": f"ncfcli {__version__}",
+        "entries": sorted(names),
+    }
     atomic_write_text(folder / MARKER, json.dumps(record, indent=2) + "\n")
 
 

@@ -124,8 +124,13 @@ class EpochBatches:
         for s in range(start_step * b, self.n_samples, b):
             weights = w[s : s + b] if w is not None else None
             prev = p[s : s + b] if p is not None else None
-            yield (self.users[s : s + b], self.items[s : s + b], self.labels[s : s + b], weights,
-                   prev)  # fmt: skip
+            yield (
+                self.users[s : s + b],
+                self.items[s : s + b],
+                self.labels[s : s + b],
+                weights,
+                prev,
+            )
 
 
 class NegativeSampler:
@@ -287,9 +292,13 @@ class NegativeSampler:
         # One DLPack conversion per array per epoch; batches are views of these tensors.
         tensors = (be.to_torch(users), be.to_torch(items), be.to_torch(labels))
         extra = tuple(a for a in (weights, prev) if a is not None)
-        return EpochBatches(*tensors, batch_size=batch_size, arrays=(users, items, labels, *extra),
-                            weights=be.to_torch(weights) if weights is not None else None,
-                            prev=be.to_torch(prev) if prev is not None else None)  # fmt: skip
+        return EpochBatches(
+            *tensors,
+            batch_size=batch_size,
+            arrays=(users, items, labels, *extra),
+            weights=be.to_torch(weights) if weights is not None else None,
+            prev=be.to_torch(prev) if prev is not None else None,
+        )
 
 
 # ---- counter-based randomness: the same numbers on every rank and backend ----------------------

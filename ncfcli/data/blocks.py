@@ -111,8 +111,11 @@ def text_blocks(path: Path, layout: Any, size: int) -> list[Block]:
             cuts.append(min(f.tell(), total))
     names = _header_names(path, layout)
     flat = dataclasses.replace(layout, header=False, names=names, bom_header=None)
-    return [Block("csv", str(path), a, b, 0, flat) for a, b in zip(cuts, cuts[1:], strict=False)
-            if b > a]  # fmt: skip
+    return [
+        Block("csv", str(path), a, b, 0, flat)
+        for a, b in zip(cuts, cuts[1:], strict=False)
+        if b > a
+    ]
 
 
 def _block_locator(path: Path, start: int) -> Any:
@@ -149,8 +152,9 @@ def _fraction_digits(text: Any, kind: str) -> int:
     return int(fraction.str.len().max()) if len(fraction) else 0
 
 
-def _times(col: Any, origin: values.Origin, backend: Backend,
-           force: str | None) -> tuple[np.ndarray, str, int]:  # fmt: skip
+def _times(
+    col: Any, origin: values.Origin, backend: Backend, force: str | None
+) -> tuple[np.ndarray, str, int]:
     """(int64 times in the file's order, their kind, fraction digits) of one block's column."""
     xp = backend.xp
     col = values.plain_values(col)
@@ -170,8 +174,11 @@ def _times(col: Any, origin: values.Origin, backend: Backend,
         number = values.as_array(text.str.contains(values.NUMBER), backend)
         row = values.first_true(~number, xp)
         if row is not None:
-            raise origin.error(row, f"cannot read {values.cell_repr(text, row)} as a time like the "
-                                    f"column's first value ({values.TIME_FORMS})")  # fmt: skip
+            raise origin.error(
+                row,
+                f"cannot read {values.cell_repr(text, row)} as a time like the "
+                f"column's first value ({values.TIME_FORMS})",
+            )
         return values.epoch_times(text, origin, backend), kind, _fraction_digits(text, kind)
     return values.iso_times(text, origin, backend), kind, _fraction_digits(text, kind)
 
@@ -223,8 +230,10 @@ def read_block(block: Block, spec: ReadSpec) -> Part:
         col = columns.pop(name)
         if role in spec.text_ids:
             if not values.is_text(values.plain_values(col)):
-                raise NcfError(f"{path}: its {role} ids are numbers where other blocks' are "
-                               "text; give every file the same kind of ids")  # fmt: skip
+                raise NcfError(
+                    f"{path}: its {role} ids are numbers where other blocks' are "
+                    "text; give every file the same kind of ids"
+                )
             ids[role] = values.to_arrow_strings(values.stripped_text(col, origin, backend)[0])
         else:
             ids[role] = values.id_values(col, origin, backend)
@@ -233,8 +242,9 @@ def read_block(block: Block, spec: ReadSpec) -> Part:
             ids[role] = ids[role].astype(np.int64, copy=False)
     if roles["time"] is not None:
         origin = values.Origin(path, roles["time"], locate)
-        ts, part.time_kind, part.digits = _times(columns.pop(roles["time"]), origin, backend,
-                                                 spec.time_kind)  # fmt: skip
+        ts, part.time_kind, part.digits = _times(
+            columns.pop(roles["time"]), origin, backend, spec.time_kind
+        )
     else:
         ts = np.zeros(n_raw, dtype=np.int64)
     user, item = ids["user"], ids["item"]
@@ -254,8 +264,9 @@ def _synthetic_block(block: Block, spec: ReadSpec) -> Part:
     from ncfcli.data import synthetic
 
     need_rating = spec.min_rating is not None
-    data = synthetic.generate_partition(spec.shape, spec.seed, block.start, need_rating,
-                                        list(spec.parts))  # fmt: skip
+    data = synthetic.generate_partition(
+        spec.shape, spec.seed, block.start, need_rating, list(spec.parts)
+    )
     n = len(data["user"])
     user, item = data["user"].astype(np.int64), data["item"].astype(np.int64)
     ts = data["timestamp"] if spec.roles["time"] is not None else np.zeros(n, dtype=np.int64)
@@ -278,10 +289,18 @@ def _distinct(ids: Any) -> Any:
 
 def summarize(part: Part) -> dict[str, Any]:
     """What the client needs of a block: counts, kinds and distinct raw ids (small)."""
-    return {"n_raw": part.n_raw, "n_low": part.n_low, "n_rows": len(part.ts),
-            "kinds": part.kinds, "time_kind": part.time_kind, "digits": part.digits,
-            "top": part.top, "ts_max": int(part.ts.max()) if len(part.ts) else None,
-            "users": _distinct(part.user), "items": _distinct(part.item)}  # fmt: skip
+    return {
+        "n_raw": part.n_raw,
+        "n_low": part.n_low,
+        "n_rows": len(part.ts),
+        "kinds": part.kinds,
+        "time_kind": part.time_kind,
+        "digits": part.digits,
+        "top": part.top,
+        "ts_max": int(part.ts.max()) if len(part.ts) else None,
+        "users": _distinct(part.user),
+        "items": _distinct(part.item),
+    }
 
 
 def dictionary(pieces: list[Any]) -> Any:

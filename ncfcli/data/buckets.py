@@ -2,7 +2,7 @@
 
     python -m pytest tests/test_buckets.py
 
-A bucket is a range of dense user ids [lo, hi). Every engine (ncfcli/data/preparation.py in one
+A bucket is a range of dense user ids [lo, hi). Every engine (ncfcli/data/engines/memory.py in one
 process, ncfcli/data/engines/dask.py on a Dask cluster) hands each bucket's deduplicated
 positives to `split_bucket`, which applies steps 5 to 7 of prepare's protocol to those users
 alone: the test item, the validation item, the training ages and the test and validation
@@ -77,8 +77,11 @@ class TooFewCandidates(NcfError):
 
     def message(self, raw_id: Any) -> str:
         left = self.n_items - self.most
-        fix = (f"the largest --eval-negatives that works is {left}"
-               if left >= 1 else "no --eval-negatives works for this user")  # fmt: skip
+        fix = (
+            f"the largest --eval-negatives that works is {left}"
+            if left >= 1
+            else "no --eval-negatives works for this user"
+        )
         return (
             f"user {raw_id!r} has interacted with {self.most} of the {self.n_items} items, "
             f"leaving {left} to draw --eval-negatives {self.n_neg} from; {fix}"
@@ -88,8 +91,9 @@ class TooFewCandidates(NcfError):
         return (TooFewCandidates, (self.user, self.most, self.n_items, self.n_neg))
 
 
-def split_bucket(users: Any, items: Any, stamps: Any, lo: int, hi: int, n_items: int,
-                 rules: SplitRules, xp: Any) -> dict[str, Any]:  # fmt: skip
+def split_bucket(
+    users: Any, items: Any, stamps: Any, lo: int, hi: int, n_items: int, rules: SplitRules, xp: Any
+) -> dict[str, Any]:
     """The held-out picks, training rows and negatives of the users lo <= u < hi.
 
     users, items, stamps: the bucket's positives, global dense ids, sorted by (user, item), no
@@ -115,8 +119,9 @@ def split_bucket(users: Any, items: Any, stamps: Any, lo: int, hi: int, n_items:
         out["n_no_valid"] = n - host_int((counts >= MIN_FOR_VALIDATION).sum(), xp)
         rest = xp.nonzero(train & eligible)[0]  # ascending: still sorted by (user, item)
         del eligible
-        pick = latest_rows(local[rest], items[rest], stamps[rest], n, n_items, rules.seed, xp,
-                           offset=lo)  # fmt: skip
+        pick = latest_rows(
+            local[rest], items[rest], stamps[rest], n, n_items, rules.seed, xp, offset=lo
+        )
         valid_rows = rest[pick]
         del rest, pick
         out["valid_users"], out["valid_items"] = users[valid_rows], items[valid_rows]
@@ -128,13 +133,14 @@ def split_bucket(users: Any, items: Any, stamps: Any, lo: int, hi: int, n_items:
         out["train_age"] = train_age(local[train], stamps[train], n, xp)
     del train, local
     candidates = negatives.Candidates(users, items, n_items, xp)
-    out["test_negatives"] = candidates.draw(xp.arange(lo, hi, dtype=xp.int64),
-                                            rules.eval_negatives, rules.seed,
-                                            negatives.TEST_STREAM)  # fmt: skip
+    out["test_negatives"] = candidates.draw(
+        xp.arange(lo, hi, dtype=xp.int64), rules.eval_negatives, rules.seed, negatives.TEST_STREAM
+    )
     if rules.validation:
         # Their own stream: the test negatives stay the bytes --no-validation writes.
-        out["valid_negatives"] = candidates.draw(out["valid_users"], rules.eval_negatives,
-                                                 rules.seed, negatives.VALID_STREAM)  # fmt: skip
+        out["valid_negatives"] = candidates.draw(
+            out["valid_users"], rules.eval_negatives, rules.seed, negatives.VALID_STREAM
+        )
     return out
 
 
@@ -150,8 +156,13 @@ def _empty(rules: SplitRules, xp: Any) -> dict[str, Any]:
     """The arrays of a bucket without users."""
     none = xp.zeros(0, dtype=xp.int32)
     table = xp.zeros((0, rules.eval_negatives), dtype=xp.int32)
-    out: dict[str, Any] = {"train_users": none, "train_items": none, "test_items": none,
-                           "test_negatives": table, "n_no_valid": 0}  # fmt: skip
+    out: dict[str, Any] = {
+        "train_users": none,
+        "train_items": none,
+        "test_items": none,
+        "test_negatives": table,
+        "n_no_valid": 0,
+    }
     if rules.validation:
         out.update(valid_users=none, valid_items=none, valid_negatives=table)
     if rules.time_order:

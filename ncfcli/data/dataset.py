@@ -59,8 +59,10 @@ class PreparedData:
         if split != "validation":
             raise NcfError(f"--split must be one of {', '.join(SPLITS)}, got {split!r}")
         if self.merged_validation:
-            raise NcfError(f"this run was trained on {self.path}'s validation items (ncf train "
-                           "--refit): evaluate --split test")  # fmt: skip
+            raise NcfError(
+                f"this run was trained on {self.path}'s validation items (ncf train "
+                "--refit): evaluate --split test"
+            )
         if not self.has_validation:
             raise NcfError(
                 f"{self.path} has no validation split (prepared with --no-validation); "
@@ -76,8 +78,9 @@ class PreparedData:
         if not self.has_validation:
             return self.user_offsets(xp), self.train_items
         if split == "test":
-            return self._csr([self.train_users, self.valid_users],
-                             [self.train_items, self.valid_items], xp)  # fmt: skip
+            return self._csr(
+                [self.train_users, self.valid_users], [self.train_items, self.valid_items], xp
+            )
         everyone = xp.arange(self.n_users, dtype=xp.int32)
         return self._csr([self.train_users, everyone], [self.train_items, self.test_items], xp)
 
@@ -185,12 +188,24 @@ class PreparedData:
             has_valid[self.valid_users] = 1
             older = self.train_age + has_valid[self.train_users]
             age = xp.concatenate([older, xp.zeros_like(self.valid_users)])[order]
-        meta = {**self.meta, "validation": False, "n_valid": 0, "merged_validation": True,
-                "n_train": int(users.shape[0])}  # fmt: skip
-        return PreparedData(path=self.path, meta=meta, train_users=users[order],
-                            train_items=items[order], test_items=self.test_items,
-                            test_negatives=self.test_negatives, train_age=age,
-                            test_users=self.test_users, shard=self.shard)  # fmt: skip
+        meta = {
+            **self.meta,
+            "validation": False,
+            "n_valid": 0,
+            "merged_validation": True,
+            "n_train": int(users.shape[0]),
+        }
+        return PreparedData(
+            path=self.path,
+            meta=meta,
+            train_users=users[order],
+            train_items=items[order],
+            test_items=self.test_items,
+            test_negatives=self.test_negatives,
+            train_age=age,
+            test_users=self.test_users,
+            shard=self.shard,
+        )
 
     def as_trained(self, info: dict[str, Any], xp: Any) -> PreparedData:
         """The view of this data a run trained on, from the `dataset` record of its checkpoint:

@@ -67,5 +67,6 @@ def verify_files(path: Path, entry: dict[str, Any]) -> None:
         except OSError as e:
             raise NcfError(f"{f} is missing or unreadable: {e.strerror or e}") from None
         if got != want:
-            raise NcfError(f"{f} is corrupt: its sha256 is not the one meta.json records; "
-                           "re-run `ncf prepare`")  # fmt: skip
+            raise NcfError(
+                f"{f} is corrupt: its sha256 is not the one meta.json records; re-run `ncf prepare`"
+            )

@@ -40,12 +40,15 @@ def check_kinds(config: PrepareConfig, role: str, train_text: bool, held_text: b
     """Training ids and held-out ids are both numbers or both text."""
     if train_text != held_text:
         kinds = ["text" if t else "numbers" for t in (train_text, held_text)]
-        raise NcfError(f"{config.test}: its {role} ids are {kinds[1]}, {config.source}'s are "
-                       f"{kinds[0]}: the two files must name {role}s the same way")  # fmt: skip
+        raise NcfError(
+            f"{config.test}: its {role} ids are {kinds[1]}, {config.source}'s are "
+            f"{kinds[0]}: the two files must name {role}s the same way"
+        )
 
 
-def check_holdout(config: PrepareConfig, test_codes: Any, trained: Any, user_ids: Any,
-                  backend: Backend) -> None:  # fmt: skip
+def check_holdout(
+    config: PrepareConfig, test_codes: Any, trained: Any, user_ids: Any, backend: Backend
+) -> None:
     """Every user (dense ids over training and held-out rows) has exactly one held-out row and
     at least one training row (`trained`, bool per dense user). A held-out item of a user with
     no training row cannot be evaluated: no model has seen the user. Dropping such users would
@@ -57,12 +60,16 @@ def check_holdout(config: PrepareConfig, test_codes: Any, trained: Any, user_ids
         shown = [repr(raw_scalar(user_ids[int(u)])) for u in to_host(xp.nonzero(absent)[0][:3], xp)]
         more = ", ..." if n_absent > len(shown) else ""
         users = "user" if n_absent == 1 else "users"
-        raise NcfError(f"{config.test}: {n_absent} {users} ({', '.join(shown)}{more}) with no "
-                       f"training row in {config.source}: a held-out item needs the user's "
-                       "training rows")  # fmt: skip
+        raise NcfError(
+            f"{config.test}: {n_absent} {users} ({', '.join(shown)}{more}) with no "
+            f"training row in {config.source}: a held-out item needs the user's "
+            "training rows"
+        )
     per_user = xp.bincount(test_codes, minlength=len(user_ids))
-    for bad, why in ((per_user > 1, "has {n} rows in {f}: a held-out file has one per user"),
-                     (per_user == 0, "has no row in {f}: every user needs a held-out item")):  # fmt: skip
+    for bad, why in (
+        (per_user > 1, "has {n} rows in {f}: a held-out file has one per user"),
+        (per_user == 0, "has no row in {f}: every user needs a held-out item"),
+    ):
         if host_int(bad.sum(), xp):
             u = host_int(xp.argmax(bad), xp)
             n = host_int(per_user[u], xp)

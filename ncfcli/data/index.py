@@ -1,6 +1,6 @@
 """Dense ids and deduplicated pairs for prepare: `python -m pytest tests/test_prepare.py`.
 
-Steps 2 and 3 of ncfcli/data/preparation.py's protocol: raw ids ranked into dense ids, repeated
+Steps 2 and 3 of ncfcli/data/engines/memory.py's protocol: raw ids ranked into dense ids, repeated
 (user, item) pairs collapsed at their latest time.
 
 Written once against `backend.xp` (NumPy or CuPy): no Python loop over users or rows.

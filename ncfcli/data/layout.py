@@ -34,7 +34,6 @@ Training rows are Parquet (one file a bucket that any Arrow or cuDF reader takes
 arrays are plain .npy (no pickles, fixed width) so they load straight onto a GPU.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -67,6 +66,7 @@ HELDOUT = ("test_items", "test_negatives", "valid_users", "valid_items", "valid_
 def part_name(index: int) -> str:
     return f"part-{index:05d}"
 
+
 def fingerprint(meta: dict[str, Any]) -> str:
     """A short hash of what defines the dataset's content (not where or when it was written)."""
     keys = (
@@ -87,15 +87,24 @@ def fingerprint(meta: dict[str, Any]) -> str:
 
 def array_names(meta: dict[str, Any]) -> dict[str, Any]:
     """The arrays a dataset with this meta holds, and their dtypes."""
-    return {**ARRAYS, **(VALID_ARRAYS if meta.get("validation") else {}),
-            **(AGE_ARRAY if meta.get("train_age") else {})}  # fmt: skip
+    return {
+        **ARRAYS,
+        **(VALID_ARRAYS if meta.get("validation") else {}),
+        **(AGE_ARRAY if meta.get("train_age") else {}),
+    }
 
 
 def bucket_shapes(meta: dict[str, Any], entry: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     lo, hi = entry["users"]
     n_train, n_valid, n_neg = entry["n_train"], entry["n_valid"], meta["eval_negatives"]
-    shapes = {"train_users": (n_train,), "train_items": (n_train,), "train_age": (n_train,),
-              "test_items": (hi - lo,), "test_negatives": (hi - lo, n_neg),
-              "valid_users": (n_valid,), "valid_items": (n_valid,),
-              "valid_negatives": (n_valid, n_neg)}  # fmt: skip
+    shapes = {
+        "train_users": (n_train,),
+        "train_items": (n_train,),
+        "train_age": (n_train,),
+        "test_items": (hi - lo,),
+        "test_negatives": (hi - lo, n_neg),
+        "valid_users": (n_valid,),
+        "valid_items": (n_valid,),
+        "valid_negatives": (n_valid, n_neg),
+    }
     return {k: v for k, v in shapes.items() if k in array_names(meta)}

@@ -124,8 +124,9 @@ def draw_indices(user_ids: Any, avail: Any, n_neg: int, key: int, xp: Any) -> An
                 break
             # Position j of the row (j >= 1) redraws from number round * n_neg + j, whether or
             # not it repeats: which numbers a row reads depends on that row alone.
-            fresh = _below(_numbers(s_bases[pending], round_ * n_neg + 1, n_neg - 1, xp),
-                           s_avail[pending], xp)  # fmt: skip
+            fresh = _below(
+                _numbers(s_bases[pending], round_ * n_neg + 1, n_neg - 1, xp), s_avail[pending], xp
+            )
             tail = sub[:, 1:]  # the repeated values; the first of each run stays in the row
             tail[repeat] = fresh[repeat]
             sub.sort(axis=1)

@@ -40,8 +40,9 @@ class _Stages:
             self.progress.update(task, completed=1, description=desc)
 
 
-def prepare(config: PrepareConfig, backend: Backend, progress: Any = None,
-            quiet: bool = False) -> dict[str, Any]:  # fmt: skip
+def prepare(
+    config: PrepareConfig, backend: Backend, progress: Any = None, quiet: bool = False
+) -> dict[str, Any]:
     """Read, filter, split and write a prepared dataset; returns its meta (plus `out`)."""
     config.validate()
     stage = _Stages(progress)

@@ -56,8 +56,12 @@ ROLE_NAMES: dict[str, tuple[str, ...]] = {
     "time": ("timestamp", "time", "ts", "unix_timestamp", "datetime", "date"),
     "rating": ("rating", "ratings", "score", "stars"),
 }
-ROLE_FLAGS = {"user": "--user-col", "item": "--item-col", "time": "--time-col",
-              "rating": "--rating-col"}  # fmt: skip
+ROLE_FLAGS = {
+    "user": "--user-col",
+    "item": "--item-col",
+    "time": "--time-col",
+    "rating": "--rating-col",
+}
 _SNIFF_BYTES = 1 << 16
 _PARSE_SEP = "\x1f"  # stands in for a multi-character separator; never found in text data
 BOM = "\ufeff"  # the UTF-8 byte-order mark, as text
@@ -201,8 +205,14 @@ def _resolve_roles(
 _INT_CELL = re.compile(r"-?[0-9]{1,18}")
 
 
-def _sample_types(lines: list[str], header: bool, sep: str, names: list[str] | tuple[str, ...],
-                  roles: dict[str, str | None], preset: dict[str, str]) -> dict[str, str]:  # fmt: skip
+def _sample_types(
+    lines: list[str],
+    header: bool,
+    sep: str,
+    names: list[str] | tuple[str, ...],
+    roles: dict[str, str | None],
+    preset: dict[str, str],
+) -> dict[str, str]:
     """Arrow types for the id and time columns whose sampled cells are all plain integers.
 
     Only a guess for the fast CPU read: a later value that does not fit sends the whole file
@@ -243,8 +253,9 @@ def layout_of(path: Path, cols: Columns, need_time: bool = True) -> FileLayout:
         sep = _decode_sep(cols.sep) if cols.sep else _sniff_sep(lines[0])
         n_cols = len(lines[0].split(sep))
         names = tuple(str(k) for k in range(n_cols))
-        for flag, c in zip(ROLE_FLAGS.values(), (cols.user, cols.item, cols.time, cols.rating),
-                           strict=True):  # fmt: skip
+        for flag, c in zip(
+            ROLE_FLAGS.values(), (cols.user, cols.item, cols.time, cols.rating), strict=True
+        ):
             if c is not None and int(c) >= n_cols:
                 raise NcfError(f"{path}: {flag} {c} is out of range; the file has {n_cols} columns")
         roles = {"user": cols.user, "item": cols.item, "time": cols.time, "rating": cols.rating}
@@ -275,8 +286,12 @@ def layout_of(path: Path, cols: Columns, need_time: bool = True) -> FileLayout:
                 "positions with --user-col/--item-col/--time-col (and --rating-col)"
             )
         names = tuple(_ML_COLUMNS if len(first) == 4 else ["user", "item", "timestamp"])
-        roles = {"user": "user", "item": "item", "time": "timestamp",
-                 "rating": "rating" if len(first) == 4 else None}  # fmt: skip
+        roles = {
+            "user": "user",
+            "item": "item",
+            "time": "timestamp",
+            "rating": "rating" if len(first) == 4 else None,
+        }
         types = _sample_types(lines, False, sep, names, roles, {})
         return FileLayout("csv", sep, False, names, roles, types, label="csv (no header)")
     header = [c.strip().strip('"') for c in first]
@@ -332,8 +347,13 @@ def _line_of_text(path: Path, text: str) -> str:
     return "a line"
 
 
-def _read_csv_cpu(path: Path, layout: FileLayout, wanted: list[str], typed: dict[str, str],
-                  block: bytes | None = None) -> dict[str, Any] | None:  # fmt: skip
+def _read_csv_cpu(
+    path: Path,
+    layout: FileLayout,
+    wanted: list[str],
+    typed: dict[str, str],
+    block: bytes | None = None,
+) -> dict[str, Any] | None:
     """One pandas Series per column; None when a `typed` column met a value its type cannot hold.
 
     `block`: whole lines of `path` to parse instead of the file (the Dask engine's blocks)."""
@@ -464,8 +484,9 @@ def _read_columns(path: Path, layout: FileLayout, wanted: list[str], backend: Ba
     return columns
 
 
-def read_csv_block(path: Path, layout: FileLayout, wanted: list[str],
-                   block: bytes) -> dict[str, Any]:  # fmt: skip
+def read_csv_block(
+    path: Path, layout: FileLayout, wanted: list[str], block: bytes
+) -> dict[str, Any]:
     """The CPU read of `block`, whole lines of the text table `path` read with `layout` (the
     Dask engine's blocks, parsed by the code that reads a whole file): one Series a column."""
     typed = {w: t for w, t in layout.types.items() if w in wanted}
@@ -488,8 +509,9 @@ def read_table_file(
     if not need_time:
         roles["time"] = None
     if need_rating and roles.get("rating") is None:
-        raise NcfError(f"--min-rating needs a rating column, and {path} has none; "
-                       "name it with --rating-col")  # fmt: skip
+        raise NcfError(
+            f"--min-rating needs a rating column, and {path} has none; name it with --rating-col"
+        )
     candidates = [roles["user"], roles["item"], roles["time"]]
     if need_rating:
         candidates.append(roles["rating"])
@@ -515,9 +537,12 @@ def read_table_file(
     )
     rating = parse("rating", values.rating_values) if need_rating else None
     return RawInteractions(
-        user, item, ts, rating,
+        user,
+        item,
+        ts,
+        rating,
         {"format": layout.label, "columns": {k: v for k, v in roles.items() if v is not None}},
-    )  # fmt: skip
+    )
 
 
 def read_path(

@@ -1,5 +1,5 @@
 """What a prepared dataset records, and where it goes: the same for every engine of
-`ncf prepare` (ncfcli/data/preparation.py in one process, ncfcli/data/engines/dask.py on Dask).
+`ncf prepare` (ncfcli/data/engines/memory.py in one process, ncfcli/data/engines/dask.py on Dask).
 
     python -c "from ncfcli.data.record import TIE_RULE; print(TIE_RULE)"
 
@@ -87,8 +87,9 @@ class Counts:
     n_no_valid: int  # users too small for a validation item
 
 
-def describe(config: PrepareConfig, backend: Any, source: dict[str, Any],
-             counts: Counts) -> dict[str, Any]:  # fmt: skip
+def describe(
+    config: PrepareConfig, backend: Any, source: dict[str, Any], counts: Counts
+) -> dict[str, Any]:
     """meta.json's descriptive keys, for every engine (finish_dataset adds the format, counts,
     checksums, buckets and fingerprint)."""
     from ncfcli.version import __version__

@@ -38,8 +38,15 @@ def _generator(*parts: int) -> torch.Generator:
 class SequenceBatches:
     """The users' latest training items [n_users, length + 1] and each step's share of them."""
 
-    def __init__(self, data: PreparedData, length: int, backend: Backend, env: DistEnv,
-                 seed: int, negatives: int = NEGATIVES) -> None:  # fmt: skip
+    def __init__(
+        self,
+        data: PreparedData,
+        length: int,
+        backend: Backend,
+        env: DistEnv,
+        seed: int,
+        negatives: int = NEGATIVES,
+    ) -> None:
         self.device = torch.device(backend.torch_device)
         self.seqs = backend.to_torch(data.histories(length + 1, backend.xp)).to(self.device)
         self.n_users, self.n_items = data.n_users, data.n_items
@@ -64,17 +71,25 @@ class SequenceBatches:
         self._epoch = None  # the last epoch's tensors go before this one's are made
         order = self.order(epoch)
         per_step = -(-self.n_users // n_steps)
-        negatives = torch.stack([
-            torch.randint(0, self.n_items, (self.negatives,),
-                          generator=_generator(self.seed, epoch, step, 0x5E1))
-            for step in range(n_steps)])  # fmt: skip
+        negatives = torch.stack(
+            [
+                torch.randint(
+                    0,
+                    self.n_items,
+                    (self.negatives,),
+                    generator=_generator(self.seed, epoch, step, 0x5E1),
+                )
+                for step in range(n_steps)
+            ]
+        )
         bounds = torch.arange(n_steps + 1).mul(per_step).clamp(max=self.n_users)
         sums = torch.cat([torch.zeros(1, dtype=torch.int64), self.predicted[order].cumsum(0)])
         totals = (sums[bounds[1:]] - sums[bounds[:-1]]).tolist()
         both = torch.cat([order, negatives.flatten()]).to(self.device)  # the epoch's one copy
         seqs = self.seqs.index_select(0, both[: self.n_users]).long()
-        prepared = _Epoch(seqs, both[self.n_users :].view(n_steps, self.negatives), totals,
-                          per_step)  # fmt: skip
+        prepared = _Epoch(
+            seqs, both[self.n_users :].view(n_steps, self.negatives), totals, per_step
+        )
         self._epoch = ((epoch, n_steps), prepared)
         return prepared
 

@@ -44,17 +44,22 @@ class RemoteDataset:
 # MD5s from GroupLens's `<zip>.md5` sidecars; each was confirmed against several independent
 # projects that pin the same value (this machine has no network to fetch the sidecars).
 DATASETS: dict[str, RemoteDataset] = {
-    "ml-100k": RemoteDataset(_BASE + "ml-100k.zip", "0e33842e24a9c977be4e0107933c0723",
-                             "ml-100k/u.data"),
-    "ml-1m": RemoteDataset(_BASE + "ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906",
-                           "ml-1m/ratings.dat"),
-    "ml-10m": RemoteDataset(_BASE + "ml-10m.zip", "ce571fd55effeba0271552578f2648bd",
-                            "ml-10M100K/ratings.dat"),
-    "ml-20m": RemoteDataset(_BASE + "ml-20m.zip", "cd245b17a1ae2cc31bb14903e1204af3",
-                            "ml-20m/ratings.csv"),
-    "ml-25m": RemoteDataset(_BASE + "ml-25m.zip", "6b51fb2759a8657d3bfcbfc42b592ada",
-                            "ml-25m/ratings.csv"),
-}  # fmt: skip
+    "ml-100k": RemoteDataset(
+        _BASE + "ml-100k.zip", "0e33842e24a9c977be4e0107933c0723", "ml-100k/u.data"
+    ),
+    "ml-1m": RemoteDataset(
+        _BASE + "ml-1m.zip", "c4d9eecfca2ab87c1945afe126590906", "ml-1m/ratings.dat"
+    ),
+    "ml-10m": RemoteDataset(
+        _BASE + "ml-10m.zip", "ce571fd55effeba0271552578f2648bd", "ml-10M100K/ratings.dat"
+    ),
+    "ml-20m": RemoteDataset(
+        _BASE + "ml-20m.zip", "cd245b17a1ae2cc31bb14903e1204af3", "ml-20m/ratings.csv"
+    ),
+    "ml-25m": RemoteDataset(
+        _BASE + "ml-25m.zip", "6b51fb2759a8657d3bfcbfc42b592ada", "ml-25m/ratings.csv"
+    ),
+}
 
 _TIMEOUT_S = 30
 _CHUNK = 1 << 20

@@ -1,6 +1,6 @@
 """The leave-one-out picks of prepare: `python -m pytest tests/test_prepare.py -k tie`.
 
-Steps 5 and 6 of ncfcli/data/preparation.py's protocol: a user's held-out item is the latest (ties
+Steps 5 and 6 of ncfcli/data/engines/memory.py's protocol: a user's held-out item is the latest (ties
 broken by a seeded hash of the pair, `tie_priority`), and each training positive's age counts
 the user's later ones. Written once against `backend.xp` (NumPy or CuPy), integer arithmetic
 only, so both give the same bytes.

@@ -44,8 +44,9 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """meta.json of a prepared dataset, checked for existence and format version."""
     path = Path(path)
     if path.is_file():
-        raise NcfError(f"{path} is a file, not a prepared dataset; prepare it first: "
-                       f"ncf prepare {path}")  # fmt: skip
+        raise NcfError(
+            f"{path} is a file, not a prepared dataset; prepare it first: ncf prepare {path}"
+        )
     if not path.is_dir():
         raise NcfError(f"dataset directory {path} does not exist (create it with `ncf prepare`)")
     meta_path = path / META
@@ -96,19 +97,26 @@ def read_bucket(path: str | os.PathLike, meta: dict[str, Any], index: int) -> di
             except (OSError, ValueError) as e:
                 raise NcfError(f"{f} is missing or corrupt: {e}") from None
     for name, a in out.items():
-        where = (path / HELDOUT_DIR / part / f"{name}.npy" if name in HELDOUT
-                 else path / TRAIN_DIR / f"{part}.parquet")  # fmt: skip
+        where = (
+            path / HELDOUT_DIR / part / f"{name}.npy"
+            if name in HELDOUT
+            else path / TRAIN_DIR / f"{part}.parquet"
+        )
         if a.dtype != names[name]:
-            raise NcfError(f"{where} has {name} of dtype {a.dtype}, expected "
-                           f"{np.dtype(names[name])}")  # fmt: skip
+            raise NcfError(
+                f"{where} has {name} of dtype {a.dtype}, expected {np.dtype(names[name])}"
+            )
         if tuple(a.shape) != shapes[name]:
-            raise NcfError(f"{where} has {name} of shape {tuple(a.shape)}, meta.json says "
-                           f"{shapes[name]}: the dataset is corrupt")  # fmt: skip
+            raise NcfError(
+                f"{where} has {name} of shape {tuple(a.shape)}, meta.json says "
+                f"{shapes[name]}: the dataset is corrupt"
+            )
     return out
 
 
-def load_prepared(path: str | os.PathLike, backend: Any,
-                  buckets: list[int] | None = None) -> PreparedData:  # fmt: skip
+def load_prepared(
+    path: str | os.PathLike, backend: Any, buckets: list[int] | None = None
+) -> PreparedData:
     """Load a prepared dataset onto `backend`'s device, checking shapes against meta.json.
 
     `buckets` (indices into meta's buckets) loads only those users' training rows and held-out
@@ -141,8 +149,10 @@ def load_prepared(path: str | os.PathLike, backend: Any,
         arrays["test_users"] = backend.asarray(host_users) if backend.is_cuda else host_users
         arrays["shard"] = tuple(chosen)
     elif sum(e["n_train"] for e in entries) != meta["n_train"]:
-        raise NcfError(f"{path}/{META}: its buckets hold a different n_train than it declares: "
-                       "the dataset is corrupt")  # fmt: skip
+        raise NcfError(
+            f"{path}/{META}: its buckets hold a different n_train than it declares: "
+            "the dataset is corrupt"
+        )
     return PreparedData(path=path, meta=meta, **arrays)
 
 
@@ -160,8 +170,11 @@ def check_dataset(path: str | os.PathLike) -> None:
 
 def check_digest(path: Path, meta: dict[str, Any], digest: ArrayDigest) -> None:
     if digest.hexdigest() != meta.get("array_sha256"):
-        what = "records no array_sha256" if "array_sha256" not in meta else (
-            "records an array_sha256 its arrays do not have")  # fmt: skip
+        what = (
+            "records no array_sha256"
+            if "array_sha256" not in meta
+            else ("records an array_sha256 its arrays do not have")
+        )
         raise NcfError(f"{path}/{META} {what}: the dataset is corrupt; re-run `ncf prepare`")
 
 
@@ -171,8 +184,14 @@ def read_arrays(path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {name: getattr(data, name) for name in array_names(data.meta)}
 
 
-def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
-                 arrays: dict[str, Any], digest: ArrayDigest | None = None) -> dict[str, Any]:  # fmt: skip
+def write_bucket(
+    folder: str | os.PathLike,
+    index: int,
+    lo: int,
+    hi: int,
+    arrays: dict[str, Any],
+    digest: ArrayDigest | None = None,
+) -> dict[str, Any]:
     """Write bucket `index` (users lo <= u < hi) into `folder`, a dataset being written (any
     engine's worker may call it); returns its entry for meta.json's `buckets`.
 
@@ -184,10 +203,14 @@ def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
 
     folder = Path(folder)
     part = part_name(index)
-    written = {name: np.ascontiguousarray(arrays[name], dtype=np.int32)
-               for name in (*TRAIN_COLUMNS, *HELDOUT) if name in arrays}  # fmt: skip
-    columns = {col: pa.array(written[name]) for name, col in TRAIN_COLUMNS.items()
-               if name in written}  # fmt: skip
+    written = {
+        name: np.ascontiguousarray(arrays[name], dtype=np.int32)
+        for name in (*TRAIN_COLUMNS, *HELDOUT)
+        if name in arrays
+    }
+    columns = {
+        col: pa.array(written[name]) for name, col in TRAIN_COLUMNS.items() if name in written
+    }
     (folder / TRAIN_DIR).mkdir(exist_ok=True)
     pq.write_table(pa.table(columns), folder / TRAIN_DIR / f"{part}.parquet")
     held = folder / HELDOUT_DIR / part
@@ -201,14 +224,22 @@ def write_bucket(folder: str | os.PathLike, index: int, lo: int, hi: int,
     files = [Path(TRAIN_DIR, f"{part}.parquet")] + [
         Path(HELDOUT_DIR, part, f"{name}.npy") for name in HELDOUT if name in written
     ]
-    return {"users": [int(lo), int(hi)], "n_train": int(len(arrays["train_users"])),
-            "n_valid": n_valid,
-            "sha256": {str(f): sha256_file(folder / f) for f in files}}  # fmt: skip
+    return {
+        "users": [int(lo), int(hi)],
+        "n_train": int(len(arrays["train_users"])),
+        "n_valid": n_valid,
+        "sha256": {str(f): sha256_file(folder / f) for f in files},
+    }
 
 
-def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], user_ids: Any,
-                   item_ids: Any, meta: dict[str, Any],
-                   digest: ArrayDigest | None = None) -> dict[str, Any]:  # fmt: skip
+def finish_dataset(
+    folder: str | os.PathLike,
+    buckets: list[dict[str, Any]],
+    user_ids: Any,
+    item_ids: Any,
+    meta: dict[str, Any],
+    digest: ArrayDigest | None = None,
+) -> dict[str, Any]:
     """Complete a dataset whose buckets are written in `folder`: the id maps, then meta.json
     with the format, bucket list, counts, digest and fingerprint. The digest is `digest` when
     write_bucket fed it every bucket in order, else read back bucket by bucket (the buckets
@@ -242,8 +273,11 @@ def finish_dataset(folder: str | os.PathLike, buckets: list[dict[str, Any]], use
         pq.write_table(pa.table({"raw_id": pa.array(ids)}), folder / fname)
     meta["id_maps_sha256"] = {fname: sha256_file(folder / fname) for fname in ID_MAPS}
     (folder / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    for sub in [folder / TRAIN_DIR, folder / HELDOUT_DIR,
-                *sorted((folder / HELDOUT_DIR).iterdir())]:  # fmt: skip
+    for sub in [
+        folder / TRAIN_DIR,
+        folder / HELDOUT_DIR,
+        *sorted((folder / HELDOUT_DIR).iterdir()),
+    ]:
         # ncf's record in every folder it writes: --overwrite replaces them, and only them.
         write_marker(sub, "dataset", [e for e in os.listdir(sub) if e != MARKER])
     return meta
@@ -282,8 +316,11 @@ def write_prepared(
         entries = []
         for b in range(n_buckets):
             lo, hi = bounds[b], bounds[b + 1]
-            part = {name: arrays[name][train_cut[b] : train_cut[b + 1]]
-                    for name in TRAIN_COLUMNS if name in arrays}  # fmt: skip
+            part = {
+                name: arrays[name][train_cut[b] : train_cut[b + 1]]
+                for name in TRAIN_COLUMNS
+                if name in arrays
+            }
             part["test_items"] = arrays["test_items"][lo:hi]
             part["test_negatives"] = arrays["test_negatives"][lo:hi]
             if valid_cut is not None:

@@ -181,8 +181,9 @@ def _world(shape: SyntheticShape, seed: int) -> tuple[np.random.Generator, _Worl
     topic_start = np.concatenate([[0], np.cumsum(topic_size)[:-1]])
     counts = _per_user_counts(gen, shape)
     row_start = np.concatenate([[0], np.cumsum(counts)])
-    world = _World(n_topics, by_topic, topic_size, topic_start, topic_size / n_items, counts,
-                   row_start)  # fmt: skip
+    world = _World(
+        n_topics, by_topic, topic_size, topic_start, topic_size / n_items, counts, row_start
+    )
     return gen, world
 
 
@@ -210,8 +211,15 @@ def _cover_rows(shape: SyntheticShape, seed: int, world: _World) -> tuple[np.nda
     return world.row_start[user] + within + (within >= 1), items
 
 
-def _users(gen: np.random.Generator, world: _World, lo: int, hi: int, n_items: int,
-           cover: tuple[np.ndarray, np.ndarray] | None, with_rating: bool) -> dict[str, np.ndarray]:  # fmt: skip
+def _users(
+    gen: np.random.Generator,
+    world: _World,
+    lo: int,
+    hi: int,
+    n_items: int,
+    cover: tuple[np.ndarray, np.ndarray] | None,
+    with_rating: bool,
+) -> dict[str, np.ndarray]:
     """The rows of users lo <= u < hi, drawn from `gen` (cover: global rows and items to place,
     or None: the one-partition cover)."""
     n_users = hi - lo
@@ -259,8 +267,13 @@ def _users(gen: np.random.Generator, world: _World, lo: int, hi: int, n_items: i
     return out
 
 
-def generate_partition(shape: SyntheticShape, seed: int, part: int, with_rating: bool = True,
-                       bounds: list[int] | None = None) -> dict[str, np.ndarray]:  # fmt: skip
+def generate_partition(
+    shape: SyntheticShape,
+    seed: int,
+    part: int,
+    with_rating: bool = True,
+    bounds: list[int] | None = None,
+) -> dict[str, np.ndarray]:
     """Partition `part` of `generate`'s rows (the users of partition_bounds' range part), made
     alone: a Dask worker makes it without the other partitions' rows (`bounds`: the client's
     partition_bounds, handed over so that both sides cut the users alike)."""
@@ -282,10 +295,17 @@ def generate(shape: SyntheticShape, seed: int, with_rating: bool = True) -> dict
         return _users(gen, world, 0, shape.users, shape.items, None, with_rating)
     cover = _cover_rows(shape, seed, world)
     parts = [
-        _users(np.random.default_rng([seed, 0x5EED, p + 1]), world, bounds[p], bounds[p + 1],
-               shape.items, cover, with_rating)
+        _users(
+            np.random.default_rng([seed, 0x5EED, p + 1]),
+            world,
+            bounds[p],
+            bounds[p + 1],
+            shape.items,
+            cover,
+            with_rating,
+        )
         for p in range(len(bounds) - 1)
-    ]  # fmt: skip
+    ]
     return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
 

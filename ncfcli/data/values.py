@@ -177,8 +177,11 @@ def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
             bad = ~xp.isfinite(arr) | (arr != xp.floor(arr)) | (xp.abs(arr) >= 2.0**63)
             row = first_true(bad, xp)
             if row is not None:
-                raise origin.error(row, f"{cell_repr(col, row)} is not a whole number; numeric ids "
-                                        "must be integers (or the column strings)")  # fmt: skip
+                raise origin.error(
+                    row,
+                    f"{cell_repr(col, row)} is not a whole number; numeric ids "
+                    "must be integers (or the column strings)",
+                )
             return arr.astype(xp.int64)
         raise origin.error(0, f"has type {col.dtype}; ids must be integers or strings")
     text, _ = stripped_text(col, origin, backend)
@@ -186,8 +189,11 @@ def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
         digits, fraction = number_parts(text)
         row = first_true(as_array(fraction.str.contains("[1-9]"), backend), xp)
         if row is not None:
-            raise origin.error(row, f"{cell_repr(text, row)} is not a whole number; numeric ids "
-                                    "must be integers (or the column strings)")  # fmt: skip
+            raise origin.error(
+                row,
+                f"{cell_repr(text, row)} is not a whole number; numeric ids "
+                "must be integers (or the column strings)",
+            )
         value, fits = _magnitude(digits, backend)
         if bool(fits.all()):
             return _signed(value, text, backend)
@@ -208,8 +214,9 @@ def _days_from_civil(y: Any, m: Any, d: Any, xp: Any) -> Any:
     return era * 146097 + doe - 719468
 
 
-def scaled_times(seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origin,
-            backend: Backend) -> Any:  # fmt: skip
+def scaled_times(
+    seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origin, backend: Backend
+) -> Any:
     """seconds * 10**d + fraction digits, d the column's longest fraction; exact in int64."""
     xp = backend.xp
     d = int(fraction.str.len().max()) if len(fraction) else 0
@@ -223,8 +230,9 @@ def scaled_times(seconds: Any, fraction: Any, bad: Any, text: Any, origin: Origi
     bad = bad | (xp.abs(seconds) > limit)
     row = first_true(bad, xp)
     if row is not None:
-        raise origin.error(row, f"cannot read {cell_repr(text, row)} as a time ({TIME_FORMS}; "
-                                "64-bit range)")  # fmt: skip
+        raise origin.error(
+            row, f"cannot read {cell_repr(text, row)} as a time ({TIME_FORMS}; 64-bit range)"
+        )
     if not d:
         return seconds
     frac = as_array(fraction.str.pad(d, side="right", fillchar="0").astype("int64"), backend)
@@ -301,8 +309,11 @@ def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
     if bool(number[0]):
         row = first_true(~number, xp)
         if row is not None:
-            raise origin.error(row, f"cannot read {cell_repr(text, row)} as a time like the "
-                                    f"column's first value ({TIME_FORMS})")  # fmt: skip
+            raise origin.error(
+                row,
+                f"cannot read {cell_repr(text, row)} as a time like the "
+                f"column's first value ({TIME_FORMS})",
+            )
         return epoch_times(text, origin, backend)
     return iso_times(text, origin, backend)
 

@@ -2,7 +2,7 @@
 
     python -c "from ncfcli.data.engines.choose import estimate_bytes; print(estimate_bytes(20_000_263))"
 
-The memory engine (ncfcli/data/preparation.py) holds every row in one process: at MovieLens-20M's
+The memory engine (ncfcli/data/engines/memory.py) holds every row in one process: at MovieLens-20M's
 20M rows its peak is about 1.9 GiB (docs/benchmarks.md), growing linearly, so about
 BYTES_PER_ROW a raw row. The Dask engine (ncfcli/data/engines/dask.py) holds one block or one
 bucket per worker and spills the rest to disk. `auto` takes the memory engine while its
@@ -24,8 +24,13 @@ from ncfcli.errors import NcfError
 BYTES_PER_ROW = 100  # the memory engine's peak per raw row (1.9 GiB at 20M rows, measured)
 TEXT_BYTES_PER_ROW = 25  # a MovieLens-like CSV row (ml-20m: 533 MB for 20M rows)
 SHARE = 0.5  # of the free memory the memory engine may plan to use
-KNOWN_ROWS = {"ml-100k": 100_000, "ml-1m": 1_000_209, "ml-10m": 10_000_054,
-              "ml-20m": 20_000_263, "ml-25m": 25_000_095}  # fmt: skip
+KNOWN_ROWS = {
+    "ml-100k": 100_000,
+    "ml-1m": 1_000_209,
+    "ml-10m": 10_000_054,
+    "ml-20m": 20_000_263,
+    "ml-25m": 25_000_095,
+}
 
 
 def input_files(source: str) -> list[Path]:
@@ -52,8 +57,9 @@ def estimate_rows(config: PrepareConfig) -> int:
     if config.source == SYNTHETIC:
         from ncfcli.data.synthetic import resolve_shape
 
-        return resolve_shape(config.preset, config.users, config.items,
-                             config.interactions).interactions  # fmt: skip
+        return resolve_shape(
+            config.preset, config.users, config.items, config.interactions
+        ).interactions
     if config.source in KNOWN_ROWS and not Path(config.source).exists():
         return KNOWN_ROWS[config.source]
     if not any(c in config.source for c in "*?[") and not Path(config.source).exists():
@@ -95,8 +101,10 @@ def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
         if free is None:
             return "memory", f"auto: the free {where} cannot be told, so the memory engine"
         if need > SHARE * free:
-            return "dask", (f"auto: needs ~{memory_size(need)}, over {SHARE:.0%} of "
-                            f"{memory_size(free)} {where} free")  # fmt: skip
+            return "dask", (
+                f"auto: needs ~{memory_size(need)}, over {SHARE:.0%} of "
+                f"{memory_size(free)} {where} free"
+            )
         told.append(f"{memory_size(free)} {where}")
     return "memory", f"auto: needs ~{memory_size(need)}, {' and '.join(told)} free"
 

@@ -55,8 +55,9 @@ def parse_memory(limit: str | None) -> int | None:
     try:
         return int(parse_bytes(limit))
     except (ValueError, TypeError):
-        raise NcfError(f"--memory-limit must be a size such as 4GiB or 500MB, got {limit!r}"
-                       ) from None  # fmt: skip
+        raise NcfError(
+            f"--memory-limit must be a size such as 4GiB or 500MB, got {limit!r}"
+        ) from None
 
 
 def block_peak(block: Block, shape: Any) -> int:
@@ -88,8 +89,10 @@ def check_memory(limit: str | None, blocks: list[Block], shape: Any, backend: Ba
     if memory < need:
         what = "a GPU worker (CuPy, a CUDA context)" if backend.is_cuda else "a worker process"
         mib = f"{-(-need // (1 << 20))}MiB"  # rounded up: the figure given back must pass
-        raise NcfError(f"--memory-limit {limit} is below the {mib} each worker needs ({what} "
-                       f"and its largest block); give at least --memory-limit {mib}")  # fmt: skip
+        raise NcfError(
+            f"--memory-limit {limit} is below the {mib} each worker needs ({what} "
+            f"and its largest block); give at least --memory-limit {mib}"
+        )
 
 
 def visible_gpus() -> int:
@@ -129,8 +132,9 @@ def _forkserver_without_sigint(stack: contextlib.ExitStack) -> None:
     import dask
     from distributed.utils import get_mp_context
 
-    stack.enter_context(dask.config.set({"distributed.worker.multiprocessing-method":
-                                         "forkserver"}))  # fmt: skip
+    stack.enter_context(
+        dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    )
     get_mp_context()  # the fork server's preloaded modules (distributed, numpy, pandas)
     # The nanny sets its pre-spawn environment (MALLOC_TRIM_THRESHOLD_ above all: freed memory
     # goes back to the system) in the process it starts, before glibc reads it; a forked worker
@@ -163,20 +167,29 @@ def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
-        raise NcfError("--engine dask --device cuda needs dask-cuda: pip install "
-                       "'ncfcli[dask-gpu]' (or use --device cpu)") from None  # fmt: skip
+        raise NcfError(
+            "--engine dask --device cuda needs dask-cuda: pip install "
+            "'ncfcli[dask-gpu]' (or use --device cpu)"
+        ) from None
     gpus = visible_gpus()
     if config.workers is not None and config.workers > gpus:
-        raise NcfError(f"--workers {config.workers}: --device cuda runs one Dask worker per GPU "
-                       f"and {gpus} GPU(s) are visible; use --workers {gpus} or fewer")  # fmt: skip
-    return LocalCUDACluster(n_workers=config.workers, memory_limit=memory or "auto",
-                            local_directory=str(scratch), dashboard_address=http,
-                            silence_logs=logging.ERROR)  # fmt: skip
+        raise NcfError(
+            f"--workers {config.workers}: --device cuda runs one Dask worker per GPU "
+            f"and {gpus} GPU(s) are visible; use --workers {gpus} or fewer"
+        )
+    return LocalCUDACluster(
+        n_workers=config.workers,
+        memory_limit=memory or "auto",
+        local_directory=str(scratch),
+        dashboard_address=http,
+        silence_logs=logging.ERROR,
+    )
 
 
 @contextlib.contextmanager
-def client_for(config: PrepareConfig, backend: Backend, scratch: Path,
-               memory: int | None) -> Iterator[Any]:  # fmt: skip
+def client_for(
+    config: PrepareConfig, backend: Backend, scratch: Path, memory: int | None
+) -> Iterator[Any]:
     """A distributed Client: --scheduler's cluster, or a local one closed on the way out."""
     from distributed import Client, LocalCluster
 
@@ -214,14 +227,21 @@ def client_for(config: PrepareConfig, backend: Backend, scratch: Path,
             # No worker yet: the cluster is closed on the way out from here on, a Ctrl-C while
             # its workers start included (raised inside its constructor, it was closed by
             # distributed's exit hook instead, with a traceback).
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=0, threads_per_worker=1, processes=True,
-                memory_limit=memory or "auto", local_directory=str(scratch),
-                dashboard_address=http, scheduler_kwargs={"dashboard": False},
-                silence_logs=logging.ERROR,
-                # A forked worker has the fork server's environment, from when it started:
-                # this process's, now, is set in each worker as a spawned one inherits it.
-                env=dict(os.environ)))  # fmt: skip
+            cluster = stack.enter_context(
+                LocalCluster(
+                    n_workers=0,
+                    threads_per_worker=1,
+                    processes=True,
+                    memory_limit=memory or "auto",
+                    local_directory=str(scratch),
+                    dashboard_address=http,
+                    scheduler_kwargs={"dashboard": False},
+                    silence_logs=logging.ERROR,
+                    # A forked worker has the fork server's environment, from when it started:
+                    # this process's, now, is set in each worker as a spawned one inherits it.
+                    env=dict(os.environ),
+                )
+            )
         client = stack.enter_context(Client(cluster))
         try:
             if not backend.is_cuda:
@@ -241,8 +261,10 @@ def _start_workers(cluster: Any, client: Any, workers: int) -> None:
     try:
         client.wait_for_workers(workers, timeout=WORKER_START_S)
     except TimeoutError:
-        raise NcfError(f"the {workers} Dask workers did not start within {WORKER_START_S} s; "
-                       "see `ncf info`, or use --engine memory") from None  # fmt: skip
+        raise NcfError(
+            f"the {workers} Dask workers did not start within {WORKER_START_S} s; "
+            "see `ncf info`, or use --engine memory"
+        ) from None
 
 
 def worker_stats(client: Any) -> dict[str, Any]:
@@ -263,9 +285,12 @@ def worker_stats(client: Any) -> dict[str, Any]:
     info = client.scheduler_info()
     limits = [w.get("memory_limit") for w in info.get("workers", {}).values()]
     spilled = [s for s, _ in per.values()]
-    return {"workers": len(per), "memory_limit": limits[0] if limits else None,
-            "spilled_bytes": None if None in spilled else int(sum(s or 0 for s in spilled)),
-            "peak_rss_bytes": int(sum(r for _, r in per.values()))}  # fmt: skip
+    return {
+        "workers": len(per),
+        "memory_limit": limits[0] if limits else None,
+        "spilled_bytes": None if None in spilled else int(sum(s or 0 for s in spilled)),
+        "peak_rss_bytes": int(sum(r for _, r in per.values())),
+    }
 
 
 def died(e: BaseException, client: Any) -> NcfError:
@@ -278,5 +303,7 @@ def died(e: BaseException, client: Any) -> NcfError:
         pass
     task = getattr(e, "task", None)
     where = f" while running {task}" if task else ""
-    return NcfError(f"{why}{where}; give each worker more --memory-limit, or use fewer "
-                    "--workers (--out is untouched)")  # fmt: skip
+    return NcfError(
+        f"{why}{where}; give each worker more --memory-limit, or use fewer "
+        "--workers (--out is untouched)"
+    )

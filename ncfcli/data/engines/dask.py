@@ -3,7 +3,7 @@
     ncf prepare synthetic --rows 2000000 --users 20000 --items 5000 --engine dask --workers 2 \
 --memory-limit 300MiB --out /tmp/syn --device cpu
 
-The memory engine (ncfcli/data/preparation.py, whose docstring is the protocol) holds every row in
+The memory engine (ncfcli/data/engines/memory.py, whose docstring is the protocol) holds every row in
 one process. This one holds a block or a bucket per worker of a `distributed` cluster (a local
 one, dask-cuda's with --device cuda, or --scheduler's) and lets the workers spill the rest to
 disk. Its steps, each a set of tasks on futures:
@@ -65,8 +65,9 @@ STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl
 _INT64_MAX = (1 << 63) - 1
 
 
-def cut_buckets(part: Part, user_ids: Any, item_ids: Any, n_buckets: int,
-                scale: int) -> list[dict[str, np.ndarray]]:  # fmt: skip
+def cut_buckets(
+    part: Part, user_ids: Any, item_ids: Any, n_buckets: int, scale: int
+) -> list[dict[str, np.ndarray]]:
     """A block's rows with dense pre-drop ids, one piece per bucket of users (the shuffle)."""
     users = codes(part.user, user_ids)
     items = codes(part.item, item_ids).astype(np.int32)
@@ -79,8 +80,10 @@ def cut_buckets(part: Part, user_ids: Any, item_ids: Any, n_buckets: int,
     order = np.argsort(bucket, kind="stable")
     cuts = np.searchsorted(bucket[order], np.arange(n_buckets + 1))
     users32 = users.astype(np.int32)
-    return [{"user": users32[order[a:b]], "item": items[order[a:b]], "ts": ts[order[a:b]]}
-            for a, b in zip(cuts, cuts[1:], strict=False)]  # fmt: skip
+    return [
+        {"user": users32[order[a:b]], "item": items[order[a:b]], "ts": ts[order[a:b]]}
+        for a, b in zip(cuts, cuts[1:], strict=False)
+    ]
 
 
 def _piece(pieces: list[dict[str, np.ndarray]], b: int) -> dict[str, np.ndarray]:
@@ -92,8 +95,13 @@ def dedup_bucket(lo: int, hi: int, n_items: int, *pieces: dict[str, np.ndarray])
     n = sum(len(p["user"]) for p in pieces)
     if n == 0:
         empty = np.zeros(0, np.int32)
-        return {"user": empty, "item": empty, "ts": np.zeros(0, np.int64), "n_dup": 0,
-                "counts": np.zeros(hi - lo, np.int64)}  # fmt: skip
+        return {
+            "user": empty,
+            "item": empty,
+            "ts": np.zeros(0, np.int64),
+            "n_dup": 0,
+            "counts": np.zeros(hi - lo, np.int64),
+        }
     key = np.concatenate([p["user"] for p in pieces]).astype(np.int64)
     key -= lo
     key *= n_items
@@ -120,9 +128,19 @@ def present_items(bucket: dict[str, Any], keep: np.ndarray, lo: int, n_items: in
     return np.bincount(bucket["item"][_kept(bucket, keep, lo)], minlength=n_items) > 0
 
 
-def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo: int,
-                new_lo: int, new_hi: int, item_map: np.ndarray | None, n_items: int,
-                rules: SplitRules, folder: str, device: str) -> tuple[dict[str, Any], int]:  # fmt: skip
+def split_write(
+    bucket: dict[str, Any],
+    index: int,
+    keep: np.ndarray | None,
+    lo: int,
+    new_lo: int,
+    new_hi: int,
+    item_map: np.ndarray | None,
+    n_items: int,
+    rules: SplitRules,
+    folder: str,
+    device: str,
+) -> tuple[dict[str, Any], int]:
     """Re-index the bucket over the kept users and items, split it and write it (the memory
     engine's per-bucket step); returns its meta entry and its users without validation."""
     from ncfcli.data.buckets import split_bucket
@@ -143,8 +161,9 @@ def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo:
         items, stamps = item_map[items[rows]].astype(np.int32), stamps[rows]
     backend = array_backend(device)  # no torch: it would only weigh on the worker's memory
     xp = backend.xp
-    part = split_bucket(xp.asarray(users), xp.asarray(items), xp.asarray(stamps), new_lo,
-                        new_hi, n_items, rules, xp)  # fmt: skip
+    part = split_bucket(
+        xp.asarray(users), xp.asarray(items), xp.asarray(stamps), new_lo, new_hi, n_items, rules, xp
+    )
     n_no_valid = int(part.pop("n_no_valid"))
     host = {k: backend.to_numpy(v) for k, v in part.items()}
     return write_bucket(folder, index, new_lo, new_hi, host), n_no_valid
@@ -153,14 +172,16 @@ def split_write(bucket: dict[str, Any], index: int, keep: np.ndarray | None, lo:
 # ---- the client ---------------------------------------------------------------------------
 
 
-def _source_and_blocks(config: PrepareConfig, backend: Backend, scratch: Path,
-                       quiet: bool) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:  # fmt: skip
+def _source_and_blocks(
+    config: PrepareConfig, backend: Backend, scratch: Path, quiet: bool
+) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:
     """meta.json's `source` (as the memory engine records it), the blocks and the roles."""
     if config.source == SYNTHETIC:
         return _synthetic_source(config)
     files, top, kind, extra = _input_files(config, scratch, quiet)
-    cols = raw.Columns(config.user_col, config.item_col, config.time_col, config.rating_col,
-                       config.sep)  # fmt: skip
+    cols = raw.Columns(
+        config.user_col, config.item_col, config.time_col, config.rating_col, config.sep
+    )
     blocks: list[Block] = []
     layouts = []
     for f in files:
@@ -182,8 +203,10 @@ def _source_and_blocks(config: PrepareConfig, backend: Backend, scratch: Path,
     if config.split != "time":
         roles["time"] = None
     if config.min_rating is not None and roles.get("rating") is None:
-        raise NcfError(f"--min-rating needs a rating column, and {files[0]} has none; "
-                       "name it with --rating-col")  # fmt: skip
+        raise NcfError(
+            f"--min-rating needs a rating column, and {files[0]} has none; "
+            "name it with --rating-col"
+        )
     source = _file_source(config, files, top, kind)
     source.update(format=layouts[0].label, columns={k: v for k, v in roles.items() if v})
     source.update(extra)
@@ -196,13 +219,22 @@ def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block
     from ncfcli.data import synthetic
     from ncfcli.data.record import source_name
 
-    shape = synthetic.resolve_shape(config.preset, config.users, config.items,
-                                    config.interactions)  # fmt: skip
-    source: dict[str, Any] = {"kind": SYNTHETIC, "name": source_name(config), "path": None,
-                              "sha256": None, "shape": asdict(shape), "format": "generated"}  # fmt: skip
+    shape = synthetic.resolve_shape(config.preset, config.users, config.items, config.interactions)
+    source: dict[str, Any] = {
+        "kind": SYNTHETIC,
+        "name": source_name(config),
+        "path": None,
+        "sha256": None,
+        "shape": asdict(shape),
+        "format": "generated",
+    }
     parts = len(synthetic.partition_bounds(shape)) - 1
-    roles = {"user": "user", "item": "item",
-             "time": "timestamp" if config.split == "time" else None, "rating": "rating"}  # fmt: skip
+    roles = {
+        "user": "user",
+        "item": "item",
+        "time": "timestamp" if config.split == "time" else None,
+        "rating": "rating",
+    }
     return (
         source,
         [Block("synthetic", "", p) for p in range(parts)],
@@ -210,8 +242,9 @@ def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block
     )
 
 
-def _input_files(config: PrepareConfig, scratch: Path,
-                 quiet: bool) -> tuple[list[Path], Path, str, dict[str, Any]]:  # fmt: skip
+def _input_files(
+    config: PrepareConfig, scratch: Path, quiet: bool
+) -> tuple[list[Path], Path, str, dict[str, Any]]:
     """The table files SOURCE names (a MovieLens name, zip or folder, a file, a folder of parts
     or a glob), the path given, its kind, and what meta's source adds for a MovieLens name."""
     from ncfcli.data import sources
@@ -220,8 +253,14 @@ def _input_files(config: PrepareConfig, scratch: Path,
     if config.source in sources.DATASETS and not Path(config.source).exists():
         spec = sources.DATASETS[config.source]
         table, zip_path = sources.extracted_ratings(config.source, config.cache_dir, quiet)
-        extra = {"kind": "dataset", "name": config.source, "path": str(zip_path),
-                 "sha256": raw.sha256_file(zip_path), "url": spec.url, "md5": spec.md5}  # fmt: skip
+        extra = {
+            "kind": "dataset",
+            "name": config.source,
+            "path": str(zip_path),
+            "sha256": raw.sha256_file(zip_path),
+            "url": spec.url,
+            "md5": spec.md5,
+        }
         return [table], table, "file", extra
     if not any(c in config.source for c in "*?[") and not Path(config.source).exists():
         raise NcfError(
@@ -239,26 +278,35 @@ def _input_files(config: PrepareConfig, scratch: Path,
     return input_files(config.source), top, "file", {}
 
 
-def _file_source(config: PrepareConfig, files: list[Path], top: Path,
-                 kind: str) -> dict[str, Any]:  # fmt: skip
+def _file_source(config: PrepareConfig, files: list[Path], top: Path, kind: str) -> dict[str, Any]:
     """meta.json's `source` for files read: the memory engine's record for one file; for
     several, their list and one sha256 over theirs."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         digests = list(pool.map(raw.sha256_file, files))
     if len(files) == 1:
         rel = str(files[0].relative_to(top)) if top.is_dir() else files[0].name
-        return {"kind": kind, "name": top.stem if kind == "zip" else top.name,
-                "path": str(top.resolve()), "file": rel,
-                "sha256": raw.sha256_file(top) if kind == "zip" else digests[0]}  # fmt: skip
+        return {
+            "kind": kind,
+            "name": top.stem if kind == "zip" else top.name,
+            "path": str(top.resolve()),
+            "file": rel,
+            "sha256": raw.sha256_file(top) if kind == "zip" else digests[0],
+        }
     import hashlib
 
     combined = hashlib.sha256("".join(digests).encode()).hexdigest()
-    return {"kind": "files", "name": top.name, "path": str(Path(config.source)),
-            "files": [str(f) for f in files], "sha256": combined}  # fmt: skip
+    return {
+        "kind": "files",
+        "name": top.name,
+        "path": str(Path(config.source)),
+        "files": [str(f) for f in files],
+        "sha256": combined,
+    }
 
 
-def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
-                 quiet: bool) -> dict[str, Any]:  # fmt: skip
+def prepare_dask(
+    config: PrepareConfig, backend: Backend, out: Path, stage: Any, quiet: bool
+) -> dict[str, Any]:
     """The Dask engine: the memory engine's dataset (same arrays, meta and fingerprint)."""
     try:
         import distributed  # noqa: F401
@@ -294,8 +342,9 @@ def prepare_dask(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: Any,
-         client: Any) -> dict[str, Any]:  # fmt: skip
+def _run(
+    config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: Any, client: Any
+) -> dict[str, Any]:
     """The stages, top to bottom: read, filter and index (the shuffle), split and write."""
     from ncfcli.data.sources import save_titles
 
@@ -308,16 +357,19 @@ def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: A
     n_low = sum(i["n_low"] for i in infos)
     if config.min_rating is not None and n_low == n_raw:
         top_rating = max(i["top"] for i in infos)
-        raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
-                       f"(the highest rating is {top_rating:g})")  # fmt: skip
+        raise NcfError(
+            f"--min-rating {config.min_rating} keeps no interaction "
+            f"(the highest rating is {top_rating:g})"
+        )
     held_users = None
     if config.test is not None:
         held_users = _with_holdout(config, client, parts, infos, source)
     with stage("filter and index") as note:
         ix = _index(config, client, parts, infos, held_users)
         del parts, infos
-        note["done"] = (f"{len(ix.user_ids):,} users, {len(ix.item_ids):,} items, "
-                        f"{ix.n_pos:,} positives")  # fmt: skip
+        note["done"] = (
+            f"{len(ix.user_ids):,} users, {len(ix.item_ids):,} items, {ix.n_pos:,} positives"
+        )
     with stage("split and write") as note:
         meta = _split_write(config, backend, out, client, ix, source, (n_raw, n_low))
         valid = f"{meta['n_valid']:,} validation, " if config.validation else ""
@@ -326,14 +378,21 @@ def _run(config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: A
     return meta
 
 
-def _read(config: PrepareConfig, backend: Backend, client: Any,
-          plan: Any) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:  # fmt: skip
+def _read(
+    config: PrepareConfig, backend: Backend, client: Any, plan: Any
+) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:
     """Every block of `plan` (_source_and_blocks) read on the workers (futures of Parts) and
     what each reported."""
     source, blocks, how = plan
     kind = first_time_kind(blocks, how["roles"])
-    spec = ReadSpec(how["roles"], config.min_rating, how["shape"], config.seed,
-                    time_kind=kind, device=backend.name)  # fmt: skip
+    spec = ReadSpec(
+        how["roles"],
+        config.min_rating,
+        how["shape"],
+        config.seed,
+        time_kind=kind,
+        device=backend.name,
+    )
     if how["shape"] is not None:
         from ncfcli.data.synthetic import partition_bounds
 
@@ -372,8 +431,13 @@ class _Indexed:
     n_pos: int
 
 
-def _with_holdout(config: PrepareConfig, client: Any, parts: list[Any],
-                  infos: list[dict[str, Any]], source: dict[str, Any]) -> Any:  # fmt: skip
+def _with_holdout(
+    config: PrepareConfig,
+    client: Any,
+    parts: list[Any],
+    infos: list[dict[str, Any]],
+    source: dict[str, Any],
+) -> Any:
     """`--test FILE` (holdout.py), read on the client (a row per user): one more block whose
     rows are timed one after the latest training time at the column's longest fraction, as
     the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
@@ -396,8 +460,13 @@ def _with_holdout(config: PrepareConfig, client: Any, parts: list[Any],
     return ids["user"]
 
 
-def _index(config: PrepareConfig, client: Any, parts: list[Any],
-           infos: list[dict[str, Any]], held_users: Any = None) -> _Indexed:  # fmt: skip
+def _index(
+    config: PrepareConfig,
+    client: Any,
+    parts: list[Any],
+    infos: list[dict[str, Any]],
+    held_users: Any = None,
+) -> _Indexed:
     """Dictionaries, the one shuffle into buckets of users, dedup, then --min-interactions."""
     user_ids = dictionary([i["users"] for i in infos])
     item_ids = dictionary([i["items"] for i in infos])
@@ -413,12 +482,12 @@ def _index(config: PrepareConfig, client: Any, parts: list[Any],
     digits = [10 ** (top - i["digits"]) for i in infos]
     [u_f, i_f] = client.scatter([user_ids, item_ids], broadcast=True)
     many = len(parts)
-    cut = client.map(cut_buckets, parts, [u_f] * many, [i_f] * many, [n_buckets] * many,
-                     digits)  # fmt: skip
+    cut = client.map(cut_buckets, parts, [u_f] * many, [i_f] * many, [n_buckets] * many, digits)
     pieces = [[client.submit(_piece, c, b) for c in cut] for b in range(n_buckets)]
     del cut
-    buckets = [client.submit(dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b])
-               for b in range(n_buckets)]  # fmt: skip
+    buckets = [
+        client.submit(dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b]) for b in range(n_buckets)
+    ]
     del pieces, u_f, i_f
     gathered = client.gather(client.map(bucket_counts, buckets))
     per_user = np.concatenate([c for c, _ in gathered])
@@ -434,22 +503,41 @@ def _index(config: PrepareConfig, client: Any, parts: list[Any],
     keeps: list[np.ndarray | None] = [None] * n_buckets
     if n_keep < n_u:
         keeps = [keep[pre[b] : pre[b + 1]] for b in range(n_buckets)]
-        seen = client.gather([client.submit(present_items, buckets[b], keeps[b], pre[b], n_i)
-                              for b in range(n_buckets)])  # fmt: skip
+        seen = client.gather(
+            [
+                client.submit(present_items, buckets[b], keeps[b], pre[b], n_i)
+                for b in range(n_buckets)
+            ]
+        )
         present = np.logical_or.reduce(seen)
         item_map = (np.cumsum(present) - 1).astype(np.int32)
         user_ids, item_ids = user_ids[keep], item_ids[present]
     bounds = [int(kept_before[b]) for b in pre]
     # A bucket whose users were all dropped is left out, not written empty (as in memory).
     full = [b for b in range(n_buckets) if bounds[b + 1] > bounds[b]]
-    return _Indexed(user_ids, item_ids, [buckets[b] for b in full], [pre[b] for b in full],
-                    [bounds[b] for b in full] + [n_keep], [keeps[b] for b in full], item_map,
-                    sum(d for _, d in gathered), n_u - n_keep,
-                    int(per_user[keep].sum()))  # fmt: skip
+    return _Indexed(
+        user_ids,
+        item_ids,
+        [buckets[b] for b in full],
+        [pre[b] for b in full],
+        [bounds[b] for b in full] + [n_keep],
+        [keeps[b] for b in full],
+        item_map,
+        sum(d for _, d in gathered),
+        n_u - n_keep,
+        int(per_user[keep].sum()),
+    )
 
 
-def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any,
-                 ix: _Indexed, source: dict[str, Any], read: tuple[int, int]) -> dict[str, Any]:  # fmt: skip
+def _split_write(
+    config: PrepareConfig,
+    backend: Backend,
+    out: Path,
+    client: Any,
+    ix: _Indexed,
+    source: dict[str, Any],
+    read: tuple[int, int],
+) -> dict[str, Any]:
     """Each bucket split and written by a worker into the temporary dataset folder; the
     client's id maps and meta.json; the folder renamed to --out."""
     from ncfcli.data.record import Counts, check_out, describe, raw_scalar
@@ -460,9 +548,23 @@ def _split_write(config: PrepareConfig, backend: Backend, out: Path, client: Any
     check_out(config, out)  # again: the folder may have changed while we read
     with atomic_dir(out, "dataset") as tmp:
         im_f = client.scatter(ix.item_map, broadcast=True) if ix.item_map is not None else None
-        done = [client.submit(split_write, ix.buckets[b], b, ix.keeps[b], ix.pre[b], ix.bounds[b],
-                              ix.bounds[b + 1], im_f, len(ix.item_ids), rules, str(tmp),
-                              backend.name) for b in range(len(ix.buckets))]  # fmt: skip
+        done = [
+            client.submit(
+                split_write,
+                ix.buckets[b],
+                b,
+                ix.keeps[b],
+                ix.pre[b],
+                ix.bounds[b],
+                ix.bounds[b + 1],
+                im_f,
+                len(ix.item_ids),
+                rules,
+                str(tmp),
+                backend.name,
+            )
+            for b in range(len(ix.buckets))
+        ]
         ix.buckets = []
         try:
             results = client.gather(done)

@@ -69,8 +69,9 @@ from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_dir
 
 
-def prepare_memory(config: PrepareConfig, backend: Backend, out: Path, stage: Any,
-                   quiet: bool) -> dict[str, Any]:  # fmt: skip
+def prepare_memory(
+    config: PrepareConfig, backend: Backend, out: Path, stage: Any, quiet: bool
+) -> dict[str, Any]:
     """Prepare the dataset at `out` in this process; returns its meta. `stage(name)` is a
     context manager per progress line (preparation.py's), its dict's "done" the line's end."""
     pos = _read_and_index(config, backend, stage, quiet)
@@ -101,17 +102,23 @@ def load_raw(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
                 "sha256": None,
                 "shape": asdict(shape),
                 "format": "generated",
-            },  # fmt: skip
+            },
         )
-    cols = raw.Columns(config.user_col, config.item_col, config.time_col, config.rating_col,
-                       config.sep)  # fmt: skip
+    cols = raw.Columns(
+        config.user_col, config.item_col, config.time_col, config.rating_col, config.sep
+    )
     if config.source in sources.DATASETS and not Path(config.source).exists():
         spec = sources.DATASETS[config.source]
         extracted, zip_path = sources.extracted_ratings(config.source, config.cache_dir, quiet)
         interactions = raw.read_path(extracted, backend, cols, need_rating, need_time=need_time)
-        interactions.source.update(kind="dataset", name=config.source, path=str(zip_path),
-                                   sha256=raw.sha256_file(zip_path), url=spec.url,
-                                   md5=spec.md5)  # fmt: skip
+        interactions.source.update(
+            kind="dataset",
+            name=config.source,
+            path=str(zip_path),
+            sha256=raw.sha256_file(zip_path),
+            url=spec.url,
+            md5=spec.md5,
+        )
         return interactions
     if not Path(config.source).exists():
         raise NcfError(
@@ -148,8 +155,7 @@ class _Positives:
         return len(self.item_ids)
 
 
-def _read_and_index(config: PrepareConfig, backend: Backend, stage: Any,
-                    quiet: bool) -> _Positives:  # fmt: skip
+def _read_and_index(config: PrepareConfig, backend: Backend, stage: Any, quiet: bool) -> _Positives:
     """The stages read, and filter and index: raw rows to deduplicated positives with dense
     ids. One function holds the raw columns, so they are freed as soon as they are indexed."""
     xp = backend.xp
@@ -185,8 +191,17 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: Any,
         del key, ts
         users = (keys // n_i).astype(xp.int32)
         items = (keys - users.astype(xp.int64) * n_i).astype(xp.int32)
-        pos = _Positives(users, items, stamps, user_ids, item_ids, source, n_raw, n_low_rating,
-                         n_kept_rows - len(keys))  # fmt: skip
+        pos = _Positives(
+            users,
+            items,
+            stamps,
+            user_ids,
+            item_ids,
+            source,
+            n_raw,
+            n_low_rating,
+            n_kept_rows - len(keys),
+        )
         del keys, users, items, stamps
         n_buckets = config.buckets or default_buckets(n_kept_rows, n_u)  # as the Dask engine
         pos.bounds = bucket_bounds(n_u, min(n_buckets, n_u))
@@ -196,17 +211,21 @@ def _read_and_index(config: PrepareConfig, backend: Backend, stage: Any,
     return pos
 
 
-def with_holdout(config: PrepareConfig, backend: Backend, user: Any, item: Any, ts: Any,
-                 source: dict[str, Any]) -> tuple[Any, Any, Any, int]:  # fmt: skip
+def with_holdout(
+    config: PrepareConfig, backend: Backend, user: Any, item: Any, ts: Any, source: dict[str, Any]
+) -> tuple[Any, Any, Any, int]:
     """`--test FILE` (holdout.py): its (user, item) rows appended to the training rows, timed
     one after the latest training time. Records the file in `source`."""
     xp = backend.xp
     held, source["test"] = read_holdout(config, backend)
     after = after_latest(host_int(ts.max(), xp) if len(ts) else None)
     stamps = xp.full(held.n_rows, after, dtype=xp.int64)
-    return (_append(user, held.user, "user", config, backend),
-            _append(item, held.item, "item", config, backend),
-            xp.concatenate([ts.astype(xp.int64), stamps]), held.n_rows)  # fmt: skip
+    return (
+        _append(user, held.user, "user", config, backend),
+        _append(item, held.item, "item", config, backend),
+        xp.concatenate([ts.astype(xp.int64), stamps]),
+        held.n_rows,
+    )
 
 
 def _append(ids: Any, more: Any, role: str, config: PrepareConfig, backend: Backend) -> Any:
@@ -233,8 +252,9 @@ def _keep_rated(config: PrepareConfig, data: Any, backend: Backend) -> tuple[Any
     n_low_rating = n_raw - host_int(keep.sum(), xp)
     if n_low_rating == n_raw:
         top = float(to_host(data.rating.max(), xp))
-        raise NcfError(f"--min-rating {config.min_rating} keeps no interaction "
-                       f"(the highest rating is {top:g})")  # fmt: skip
+        raise NcfError(
+            f"--min-rating {config.min_rating} keeps no interaction (the highest rating is {top:g})"
+        )
     return take(user, keep, backend), take(item, keep, backend), ts[keep], n_low_rating
 
 
@@ -266,8 +286,9 @@ def _drop_light_users(config: PrepareConfig, pos: _Positives, backend: Backend) 
         pos.item_ids = pos.item_ids[backend.to_numpy(present)]
 
 
-def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
-                     pos: _Positives) -> dict[str, Any]:  # fmt: skip
+def _split_and_write(
+    config: PrepareConfig, out: Path, backend: Backend, pos: _Positives
+) -> dict[str, Any]:
     """Split each bucket of users (buckets.split_bucket, what every engine runs), write it, then
     the id maps and meta.json: the dataset directory, atomically. Drops pos's arrays."""
     xp = backend.xp
@@ -282,8 +303,16 @@ def _split_and_write(config: PrepareConfig, out: Path, backend: Backend,
         for b in range(len(bounds) - 1):
             rows = slice(cuts[b], cuts[b + 1])
             try:
-                part = split_bucket(pos.users[rows], pos.items[rows], pos.stamps[rows],
-                                    bounds[b], bounds[b + 1], pos.n_items, rules, xp)  # fmt: skip
+                part = split_bucket(
+                    pos.users[rows],
+                    pos.items[rows],
+                    pos.stamps[rows],
+                    bounds[b],
+                    bounds[b + 1],
+                    pos.n_items,
+                    rules,
+                    xp,
+                )
             except TooFewCandidates as e:
                 raise NcfError(e.message(raw_scalar(pos.user_ids[e.user]))) from None
             n_no_valid += part.pop("n_no_valid")
