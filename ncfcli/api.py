@@ -155,9 +155,9 @@ def _run_dir(run: Any) -> Path:
 
 def evaluate(run: PathLike | TrainResult, *, device: str = "auto", **options: Any) -> Evaluation:
     """`ncf eval RUN`: HR@K and NDCG@K, sampled or full ranking."""
+    cfg = from_keywords(EvalConfig, options, "evaluate")  # checked before the run is read
     from ncfcli.serve.evaluation import run_eval
 
-    cfg = from_keywords(EvalConfig, options, "evaluate")  # checked before the run is read
     report = run_eval(_run_dir(run), cfg, device)
     res = report.result
     return Evaluation(
@@ -179,9 +179,9 @@ def export(
     **options: Any,
 ) -> Export:
     """`ncf export RUN --onnx`: the ONNX model (needs the `export` extra), parity-checked."""
+    cfg = from_keywords(ExportConfig, {"out": out, "triton": triton, **options}, "export")
     from ncfcli.serve.onnx_export import run_export
 
-    cfg = from_keywords(ExportConfig, {"out": out, "triton": triton, **options}, "export")
     res = run_export(_run_dir(run), cfg)
     return Export(onnx=Path(res["onnx"]), max_abs_diff=float(res["max_abs_diff"]), result=res)
 
@@ -202,9 +202,9 @@ def recommend(
     `all_users=True`: the users' lists go to `out` (.parquet or .csv) and an AllUsersResult
     says what was written.
     """
+    cfg = from_keywords(RecommendConfig, options, "recommend")  # checked before torch loads
     from ncfcli.serve.recommendation import run_recommend, run_recommend_all
 
-    cfg = from_keywords(RecommendConfig, options, "recommend")
     if all_users:
         if users:
             raise NcfError("all_users=True takes no users")

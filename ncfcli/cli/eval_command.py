@@ -37,8 +37,6 @@ def eval_run(
     quiet: bool = quiet_option("No notes on stderr."),
 ) -> None:
     """HR@K and NDCG@K of a trained run (sampled protocol, or --full-ranking)."""
-    from ncfcli.serve.evaluation import run_eval
-
     if ctx.args and not options["ks"]:
         raise NcfError(f"unexpected argument {ctx.args[0]!r} (K values follow -k)")
     if options["ks"]:  # `-k 1 5 10`: Click gives -k one value, the rest arrive as extra args
@@ -46,6 +44,8 @@ def eval_run(
     else:
         del options["ks"]  # the default cut-offs
     cfg = build(EvalConfig, options)  # checked before the run is looked at, or torch loads
+    from ncfcli.serve.evaluation import run_eval
+
     report = run_eval(resolve_run(run_dir), cfg, device)
     if report.note and not quiet:
         err_console().print(f"note: {report.note}")

@@ -33,11 +33,12 @@ def export(
     An order term's previous item is looked up inside the graph (as recommend --exclude-seen).
 
     Export and the parity checks run on the CPU, so there is no --device."""
-    from ncfcli.serve.onnx_export import run_export
-
     if not onnx:
         raise NcfError("choose a format: --onnx")
-    res = run_export(resolve_run(run_dir), build(ExportConfig, options))
+    path, cfg = resolve_run(run_dir), build(ExportConfig, options)  # before torch loads
+    from ncfcli.serve.onnx_export import run_export
+
+    res = run_export(path, cfg)
     if json_out:
         print_json(res)
     elif not quiet:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ncfcli import backend
 from ncfcli.cli.app import NcfCommand, app, json_option, user_errors
 from ncfcli.ui import out_console, print_json, summary_table
 
@@ -13,6 +12,7 @@ from ncfcli.ui import out_console, print_json, summary_table
 @user_errors
 def info(json_out: bool = json_option()) -> None:
     """Print versions, and which backends and GPUs are usable."""
+    from ncfcli import backend  # numpy: not for `ncf --help`
 
     vers = backend.versions()
     n_gpus, why = backend.cuda_status()

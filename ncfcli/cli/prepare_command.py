@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ncfcli.backend import get_backend
 from ncfcli.cli.app import (
     ALIASES,
     NcfCommand,
@@ -32,6 +31,7 @@ def prepare(
     quiet: bool = quiet_option("No progress lines."),
 ) -> None:
     """Turn raw interactions into a prepared dataset (leave-one-out split, test negatives)."""
+    from ncfcli.backend import get_backend  # numpy: not for `ncf --help`
     from ncfcli.data.preparation import prepare as run_prepare
 
     t0 = time.perf_counter()

@@ -69,10 +69,10 @@ def recommend(
 
     Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
-    from ncfcli.serve.recommendation import read_users_file, run_recommend, run_recommend_all
-
     raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
-    cfg = build(RecommendConfig, options)
+    cfg = build(RecommendConfig, options)  # checked before the runner (and torch) loads
+    from ncfcli.serve.recommendation import run_recommend, run_recommend_all
+
     if all_users:
         _check_all_users(raw, out)
         assert out is not None  # _check_all_users refuses None
@@ -94,6 +94,19 @@ def recommend(
             sys.stdout.flush()
             sys.stderr.write(f"warning: {recs.skipped}\n")
         raise typer.Exit(recs.exit_code)
+
+
+def read_users_file(path: str | Path) -> list[str]:
+    """One raw user id per line; blank lines and surrounding spaces are ignored."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise NcfError(f"--users-file {p} cannot be read: {e}") from None
+    users = [line.strip() for line in text.splitlines() if line.strip()]
+    if not users:
+        raise NcfError(f"--users-file {p} lists no users")
+    return users
 
 
 def _print_lists(console: Any, results: list[dict]) -> None:

@@ -89,19 +89,6 @@ class AllUsersResult:
     note: str | None = None
 
 
-def read_users_file(path: str | Path) -> list[str]:
-    """One raw user id per line; blank lines and surrounding spaces are ignored."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise NcfError(f"--users-file {p} cannot be read: {e}") from None
-    users = [line.strip() for line in text.splitlines() if line.strip()]
-    if not users:
-        raise NcfError(f"--users-file {p} lists no users")
-    return users
-
-
 def _raw_key(value: str, kind: str) -> Any:
     """The user's typed id as a key of a map whose ids have NumPy dtype kind `kind` (None if it can't be one)."""
     if kind in "iu":
