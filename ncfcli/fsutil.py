@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
+from ncfcli.version import __version__
 
 MARKER = ".ncf-output.json"
 MARKER_VERSION = 1
@@ -148,8 +149,6 @@ def read_marker(folder: str | os.PathLike) -> dict[str, Any] | None:
 
 def write_marker(folder: str | os.PathLike, kind: str, entries: Iterable[str]) -> None:
     """Write `folder`'s record; entries already recorded there (same kind) are kept."""
-    from ncfcli.version import __version__
-
     folder = Path(folder)
     names = set(entries)
     old = read_marker(folder)

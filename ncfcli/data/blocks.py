@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.data import raw, values
+from ncfcli.data import raw, synthetic, values
 from ncfcli.data.index import take
 from ncfcli.errors import NcfError
 
@@ -261,8 +261,6 @@ def read_block(block: Block, spec: ReadSpec) -> Part:
 
 
 def _synthetic_block(block: Block, spec: ReadSpec) -> Part:
-    from ncfcli.data import synthetic
-
     need_rating = spec.min_rating is not None
     data = synthetic.generate_partition(
         spec.shape, spec.seed, block.start, need_rating, list(spec.parts)

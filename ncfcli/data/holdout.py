@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ncfcli.backend import Backend
+from ncfcli.data import raw
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.record import raw_scalar
 from ncfcli.data.xops import host_int, to_host
@@ -22,8 +23,6 @@ from ncfcli.errors import NcfError
 
 def read_holdout(config: PrepareConfig, backend: Backend) -> tuple[Any, dict[str, Any]]:
     """The file's user and item columns (raw.RawData), and its record for meta.json's source."""
-    from ncfcli.data import raw
-
     assert config.test is not None
     cols = raw.Columns(config.user_col, config.item_col, None, None, config.sep)
     held = raw.read_path(config.test, backend, cols, need_rating=False, need_time=False)

@@ -16,6 +16,9 @@ from typing import Any
 
 from ncfcli.data.buckets import MIN_FOR_VALIDATION
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.sources import DATASETS, default_out
+from ncfcli.fsutil import check_out_dir
+from ncfcli.version import __version__
 
 TIE_RULE = (
     "latest timestamp; items tied at it are ordered by a hash of (user, item, seed), "
@@ -39,8 +42,6 @@ VALIDATION_RULE = (
 
 def source_name(config: PrepareConfig) -> str:
     """A folder-friendly name for the source: dataset name, synthetic shape or file stem."""
-    from ncfcli.data.sources import DATASETS
-
     if config.source == SYNTHETIC:
         return f"synthetic-{config.preset}" if config.preset else SYNTHETIC
     if config.source in DATASETS:
@@ -52,8 +53,6 @@ def source_name(config: PrepareConfig) -> str:
 
 
 def resolve_out(config: PrepareConfig) -> Path:
-    from ncfcli.data.sources import default_out
-
     return Path(config.out) if config.out else default_out(source_name(config), config.cache_dir)
 
 
@@ -63,8 +62,6 @@ def check_out(config: PrepareConfig, out: Path) -> None:
     Without --out the folder is ncf's own, in its cache: an earlier dataset there (and nothing
     else) is replaced as a cache entry is, without --overwrite.
     """
-    from ncfcli.fsutil import check_out_dir
-
     source = Path(config.source)
     protect = [source] if config.source != SYNTHETIC and source.exists() else []
     overwrite = config.overwrite or not config.out
@@ -92,8 +89,6 @@ def describe(
 ) -> dict[str, Any]:
     """meta.json's descriptive keys, for every engine (finish_dataset adds the format, counts,
     checksums, buckets and fingerprint)."""
-    from ncfcli.version import __version__
-
     return {
         "n_users_without_validation": counts.n_no_valid,
         "split": config.split,

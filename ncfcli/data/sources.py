@@ -28,7 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ncfcli.data.raw import extract_ratings
 from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_path, record_written
+from ncfcli.ui import err_console
 
 ENV_CACHE = "NCF_CACHE_DIR"
 _BASE = "https://files.grouplens.org/datasets/movielens/"
@@ -107,8 +110,6 @@ def _download(name: str, spec: RemoteDataset, target: Path, quiet: bool, timeout
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
-
-    from ncfcli.ui import err_console
 
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -306,8 +307,6 @@ def save_titles(out: str | os.PathLike, source: dict[str, Any], item_ids: Any) -
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ncfcli.fsutil import atomic_path, record_written
-
     found = _title_bytes(source)
     if found is None:
         return 0
@@ -339,8 +338,6 @@ if __name__ == "__main__":
 def extracted_ratings(name: str, cache_dir: str | None, quiet: bool) -> tuple[Path, Path]:
     """(the ratings file, its zip) of MovieLens `name`: downloaded into the cache if missing,
     the ratings file extracted beside the zip again when the zip is newer."""
-    from ncfcli.data.raw import extract_ratings
-
     spec = DATASETS[name]
     zip_path = fetch(name, cache_dir, quiet=quiet)
     table = zip_path.parent.joinpath(*spec.ratings.split("/"))

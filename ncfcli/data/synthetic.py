@@ -27,6 +27,7 @@ import numpy as np
 
 from ncfcli.data.xops import sorted_unique
 from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_path
 
 
 @dataclass(frozen=True)
@@ -313,8 +314,6 @@ def write_ratings_csv(shape: SyntheticShape, seed: int, path: str) -> int:
     """Write the data as a MovieLens-20M style ratings.csv; returns the number of rows."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
-
-    from ncfcli.fsutil import atomic_path
 
     data = generate(shape, seed, with_rating=True)
     table = pa.table(

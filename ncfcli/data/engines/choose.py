@@ -18,8 +18,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ncfcli.backend import cudf_installed, host_available_bytes
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.synthetic import resolve_shape
 from ncfcli.errors import NcfError
+from ncfcli.ui import memory_size
 
 BYTES_PER_ROW = 100  # the memory engine's peak per raw row (1.9 GiB at 20M rows, measured)
 TEXT_BYTES_PER_ROW = 25  # a MovieLens-like CSV row (ml-20m: 533 MB for 20M rows)
@@ -55,8 +58,6 @@ def estimate_rows(config: PrepareConfig) -> int:
     """Raw rows of the source: exact for synthetic data, MovieLens and Parquet (its footer),
     from the size for text files."""
     if config.source == SYNTHETIC:
-        from ncfcli.data.synthetic import resolve_shape
-
         return resolve_shape(
             config.preset, config.users, config.items, config.interactions
         ).interactions
@@ -89,8 +90,6 @@ def estimate_bytes(rows: int) -> int:
 
 def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
     """(engine, why): --engine as given, or auto's pick by the estimated peak and free memory."""
-    from ncfcli.ui import memory_size
-
     if config.engine != "auto":
         return config.engine, f"--engine {config.engine}"
     if config.scheduler is not None:
@@ -113,8 +112,6 @@ def memories(config: PrepareConfig, backend: Any) -> list[tuple[str, int | None]
     """Where the memory engine holds the whole input, and how much is free there: the host
     wherever it parses (the CPU; with --device cuda, files without cuDF and synthetic data,
     which is generated with NumPy), then the GPU with --device cuda."""
-    from ncfcli.backend import cudf_installed, host_available_bytes
-
     found: list[tuple[str, int | None]] = []
     if not backend.is_cuda or config.source == SYNTHETIC or not cudf_installed():
         found.append(("RAM", host_available_bytes()))

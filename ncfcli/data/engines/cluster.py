@@ -28,9 +28,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ncfcli.backend import Backend
+from ncfcli.backend import Backend, gpu_count, visible_devices
 from ncfcli.data.blocks import Block
 from ncfcli.data.config import PrepareConfig
+from ncfcli.data.synthetic import partition_bounds
 from ncfcli.errors import NcfError
 
 # An idle CPU worker with numpy, pandas, pyarrow and ncf's data modules loaded: 135 MiB RSS
@@ -63,8 +64,6 @@ def parse_memory(limit: str | None) -> int | None:
 def block_peak(block: Block, shape: Any) -> int:
     """Bytes a worker holds at the peak of parsing `block`."""
     if block.kind == "synthetic":
-        from ncfcli.data.synthetic import partition_bounds
-
         parts = len(partition_bounds(shape)) - 1
         return -(-shape.interactions // parts) * PEAK_PER_ROW
     if block.kind == "parquet":
@@ -98,8 +97,6 @@ def check_memory(limit: str | None, blocks: list[Block], shape: Any, backend: Ba
 def visible_gpus() -> int:
     """The GPUs dask-cuda's LocalCUDACluster can give workers: CUDA_VISIBLE_DEVICES's list
     where set (as dask_cuda.utils.cuda_visible_devices reads it), else every GPU found."""
-    from ncfcli.backend import gpu_count, visible_devices
-
     listed = visible_devices()
     return gpu_count() if listed is None else len(listed)
 

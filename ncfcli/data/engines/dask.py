@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend, array_backend, get_backend
-from ncfcli.data import raw, values
+from ncfcli.data import raw, sources, synthetic, values
 from ncfcli.data.blocks import (
     Block,
     Part,
@@ -53,12 +53,24 @@ from ncfcli.data.blocks import (
     summarize,
     text_blocks,
 )
-from ncfcli.data.buckets import SplitRules, TooFewCandidates, bucket_of, default_buckets
+from ncfcli.data.buckets import (
+    SplitRules,
+    TooFewCandidates,
+    bucket_of,
+    default_buckets,
+    split_bucket,
+)
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.engines.choose import input_files
 from ncfcli.data.engines.cluster import check_memory, client_for, died, parse_memory, worker_stats
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted
+from ncfcli.data.record import Counts, check_out, describe, raw_scalar, source_name
+from ncfcli.data.sources import save_titles
+from ncfcli.data.store import finish_dataset, write_bucket
+from ncfcli.data.synthetic import partition_bounds
 from ncfcli.errors import NcfError
+from ncfcli.fsutil import atomic_dir
 
 KILL_BUCKET_ENV = "NCF_DASK_TEST_KILL_BUCKET"  # tests: the worker splitting this bucket dies
 STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl-C's moment)
@@ -143,9 +155,6 @@ def split_write(
 ) -> tuple[dict[str, Any], int]:
     """Re-index the bucket over the kept users and items, split it and write it (the memory
     engine's per-bucket step); returns its meta entry and its users without validation."""
-    from ncfcli.data.buckets import split_bucket
-    from ncfcli.data.store import write_bucket
-
     if os.environ.get(KILL_BUCKET_ENV) == str(index):
         os._exit(1)  # a test of a worker dying mid-run
     if os.environ.get(STALL_BUCKET_ENV) == str(index):
@@ -216,9 +225,6 @@ def _source_and_blocks(
 def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:
     from dataclasses import asdict
 
-    from ncfcli.data import synthetic
-    from ncfcli.data.record import source_name
-
     shape = synthetic.resolve_shape(config.preset, config.users, config.items, config.interactions)
     source: dict[str, Any] = {
         "kind": SYNTHETIC,
@@ -247,9 +253,6 @@ def _input_files(
 ) -> tuple[list[Path], Path, str, dict[str, Any]]:
     """The table files SOURCE names (a MovieLens name, zip or folder, a file, a folder of parts
     or a glob), the path given, its kind, and what meta's source adds for a MovieLens name."""
-    from ncfcli.data import sources
-    from ncfcli.data.engines.choose import input_files
-
     if config.source in sources.DATASETS and not Path(config.source).exists():
         spec = sources.DATASETS[config.source]
         table, zip_path = sources.extracted_ratings(config.source, config.cache_dir, quiet)
@@ -346,8 +349,6 @@ def _run(
     config: PrepareConfig, backend: Backend, out: Path, stage: Any, plan: Any, client: Any
 ) -> dict[str, Any]:
     """The stages, top to bottom: read, filter and index (the shuffle), split and write."""
-    from ncfcli.data.sources import save_titles
-
     with stage("read") as note:
         source, parts, infos = _read(config, backend, client, plan)
         n_raw = sum(i["n_raw"] for i in infos)
@@ -394,8 +395,6 @@ def _read(
         device=backend.name,
     )
     if how["shape"] is not None:
-        from ncfcli.data.synthetic import partition_bounds
-
         spec = dataclasses.replace(spec, parts=tuple(partition_bounds(how["shape"])))
     parts = client.map(read_block, blocks, spec=spec)
     infos = client.gather(client.map(summarize, parts))
@@ -540,10 +539,6 @@ def _split_write(
 ) -> dict[str, Any]:
     """Each bucket split and written by a worker into the temporary dataset folder; the
     client's id maps and meta.json; the folder renamed to --out."""
-    from ncfcli.data.record import Counts, check_out, describe, raw_scalar
-    from ncfcli.data.store import finish_dataset
-    from ncfcli.fsutil import atomic_dir
-
     rules = SplitRules.of(config)
     check_out(config, out)  # again: the folder may have changed while we read
     with atomic_dir(out, "dataset") as tmp:
