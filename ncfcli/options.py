@@ -24,8 +24,13 @@ from ncfcli.errors import NcfError
 
 # Help panels: every command groups its options under these names.
 DATA, MODEL, OPTIM, EVAL, DEVICES, OUTPUT = (
-    "Data", "Model", "Optimisation", "Evaluation", "Devices", "Output",
-)  # fmt: skip
+    "Data",
+    "Model",
+    "Optimisation",
+    "Evaluation",
+    "Devices",
+    "Output",
+)
 PANELS = (DATA, MODEL, OPTIM, EVAL, DEVICES, OUTPUT)
 BY_SIZE = "table below"  # shown default of a train option set by the dataset size
 
@@ -38,6 +43,16 @@ class _Same:
 
 
 SAME: Any = _Same()
+
+
+class _Unset:
+    """A policy left out (`legacy`, `untimed`): the option has none."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
 
 
 # A field's rule: (holds for a given value, what the message says it must be).
@@ -70,6 +85,13 @@ class Spec:
     parse: Callable[[Any], Any] | None = None  # CLI or API value -> field value
     api: str | None = None  # the API keyword and CLI parameter name when not the field's name
     check: Rule | None = None  # checked by check_fields() on a value given (not None)
+    # How a resumed or refitted run treats the option (`marked` reads these; a train option's
+    # policy, ncfcli/training/config.py):
+    fixed: str | None = None  # why --resume may not change it (None: it may, from the next step)
+    legacy: Any = UNSET  # the value that reproduces runs saved before it existed
+    untimed: Any = UNSET  # its value where the positives have no time order
+    probed: bool = False  # its default holds only where the validation probe finds time matters
+    refit_own: bool = False  # a --refit may set it: how the steps are computed, not what they are
 
     @property
     def argument(self) -> bool:
@@ -100,10 +122,14 @@ SCORING_BATCH_HELP = "(user, item) pairs scored at once, the memory budget of sc
 def scoring_batch() -> Any:
     """`--eval-batch` of the commands that only score (eval, recommend): one declaration."""
     return opt(
-        None, SCORING_BATCH_HELP, DEVICES, flags=("--eval-batch",),
-        aliases=("--batch-rows", "--valid_batch_size"), api="eval_batch",
+        None,
+        SCORING_BATCH_HELP,
+        DEVICES,
+        flags=("--eval-batch",),
+        aliases=("--batch-rows", "--valid_batch_size"),
+        api="eval_batch",
         shown="as many as 256 MB of scores hold (4 GB on a GPU)",
-    )  # fmt: skip
+    )
 
 
 def spec_of(f: dataclasses.Field) -> Spec:
@@ -126,6 +152,13 @@ def check_fields(config: Any, exit_code: int = 2) -> None:
         if spec.check is not None and value is not None and not spec.check[0](value):
             flag = next(n for n in flags(f, spec) if n.startswith("--")).split("/")[0]
             raise NcfError(f"{flag} must be {spec.check[1]}, got {value!r}", exit_code)
+
+
+def marked(config: type, policy: str) -> dict[str, Any]:
+    """{field name: its Spec's `policy` value} for the fields that set it, in field order."""
+    unset = next(f.default for f in dataclasses.fields(Spec) if f.name == policy)
+    values = {f.name: getattr(spec, policy) for f, spec in fields_of(config)}
+    return {name: v for name, v in values.items() if v is not unset}
 
 
 def keyword(f: dataclasses.Field, spec: Spec) -> str:
@@ -155,18 +188,26 @@ def _typer_param(f: dataclasses.Field, spec: Spec, hint: Any) -> inspect.Paramet
     shown: Any = True if spec.shown is None else spec.shown
     if spec.argument:
         info = typer.Argument(
-            ... if required else default, help=spec.help, metavar=spec.metavar,
+            ... if required else default,
+            help=spec.help,
+            metavar=spec.metavar,
             show_default=False if required else shown,
-        )  # fmt: skip
+        )
     else:
         info = typer.Option(
-            ... if required else default, *flags(f, spec), help=spec.help, show_default=shown,
-            rich_help_panel=spec.panel, envvar=spec.envvar, metavar=spec.metavar,
-        )  # fmt: skip
+            ... if required else default,
+            *flags(f, spec),
+            help=spec.help,
+            show_default=shown,
+            rich_help_panel=spec.panel,
+            envvar=spec.envvar,
+            metavar=spec.metavar,
+        )
     annotation = spec.cli_type if spec.cli_type is not None else hint
     name = keyword(f, spec)
-    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                             annotation=annotation)  # fmt: skip
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation
+    )
 
 
 def cli_params(config: type, exclude: tuple[str, ...] = ()) -> list[inspect.Parameter]:
@@ -248,7 +289,7 @@ def api_params(config: type, exclude: tuple[str, ...] = ()) -> list[inspect.Para
     return [
         inspect.Parameter(
             keyword(f, s), inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
-        )  # fmt: skip
+        )
         for f, s in fields_of(config)
         if f.name not in exclude and f.default is not dataclasses.MISSING
     ]

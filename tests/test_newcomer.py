@@ -111,10 +111,10 @@ def test_mistakes_are_refused_before_torch_loads(prepared_dir: Path, tmp_path: P
 
 def test_train_choices_are_the_configs(prepared_dir: Path) -> None:
     """The early check's lists are TrainConfig's, which checks the same values again."""
-    from ncfcli import model, train
-    from ncfcli.model import baselines
+    from ncfcli.model import kinds
+    from ncfcli.training import config as train
 
-    assert TRAIN_CHOICES == {"model": model.KINDS + baselines.KINDS, "lr_decay": train.LR_DECAYS,
+    assert TRAIN_CHOICES == {"model": kinds.NCF + kinds.BASELINES, "lr_decay": train.LR_DECAYS,
                              "scaling": train.SCALINGS, "amp_dtype": train.AMP_DTYPES}  # fmt: skip
 
 

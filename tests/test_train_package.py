@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from dataclasses import fields
 
 
 def test_the_options_load_and_check_without_torch() -> None:
@@ -39,15 +40,27 @@ def test_the_options_load_and_check_without_torch() -> None:
 
 
 def test_the_kinds_config_checks_are_the_models() -> None:
-    from ncfcli import model
-    from ncfcli.model import baselines
-    from ncfcli.model import kinds as baseline_options
-    from ncfcli.training import config
+    """One registry of model kinds (ncfcli/model/kinds.py): the configs read it, and the
+    baselines' checks are their fields' own (`opt(check=...)`)."""
+    from ncfcli.errors import NcfError
+    from ncfcli.model import baselines, kinds
+    from ncfcli.model.config import KINDS
+    from ncfcli.options import spec_of
+    from ncfcli.training.config import TrainConfig
 
-    assert config.KINDS == model.KINDS
-    assert config.baselines is baseline_options
-    assert baselines.KINDS == baseline_options.KINDS
-    assert baselines.check_options is baseline_options.check_options
+    assert KINDS == kinds.NCF and baselines.KINDS == kinds.BASELINES
+    model = next(f for f in fields(TrainConfig) if f.name == "model")
+    assert spec_of(model).check is not None
+    assert spec_of(model).check[1] == "one of " + ", ".join(kinds.NCF + kinds.BASELINES)
+    for flag, bad, rule in (("--als-reg", {"als_reg": float("inf")}, ">= 0"),
+                            ("--ease-lambda", {"ease_lambda": 0.0}, "> 0"),
+                            ("--knn-neighbours", {"knn_neighbours": 0}, ">= 1")):  # fmt: skip
+        try:
+            TrainConfig(data_dir="data", **bad)
+        except NcfError as e:
+            assert str(e) == f"{flag} must be {rule}, got {next(iter(bad.values()))!r}"
+        else:
+            raise AssertionError(bad)
 
 
 def test_the_package_names_what_callers_import() -> None:

@@ -4,26 +4,36 @@ launch options (--nproc, --gpus, --nnodes ...) are the launcher's (ncfcli/launch
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
 from ncfcli.errors import NcfError
-from ncfcli.model import kinds as baseline_options
-from ncfcli.options import DEVICES, aliases, build, with_options
-from ncfcli.training.config import AMP_DTYPES, KINDS, LR_DECAYS, SCALINGS, TrainConfig, check_launch
+from ncfcli.launch.environment import env_from_environ
+from ncfcli.launch.plan import check_launch_flags, launch_train, should_launch
+from ncfcli.model import kinds
+from ncfcli.model.config import describe_terms
+from ncfcli.options import DEVICES, aliases, build, prepared, with_options
+from ncfcli.rundir.logs import check_tensorboard
+from ncfcli.training.config import AMP_DTYPES, LR_DECAYS, SCALINGS, TrainConfig, check_launch
+from ncfcli.training.defaults import table_text
+from ncfcli.ui import epoch_progress, err_console, out_console, print_json, si, summary_table
+
+if TYPE_CHECKING:
+    from ncfcli.training.run import TrainResult
 
 ALIASES["train"] = aliases(TrainConfig)
 
 # The values `ncf train` takes for its named choices, checked before the data is looked at;
-# TrainConfig checks them again with the same message (tests/test_newcomer.py keeps the two
-# lists equal to the model's and the baselines').
+# TrainConfig checks them again with the same message (tests/test_newcomer.py keeps the lists
+# TrainConfig's and the kinds' registry's).
 TRAIN_CHOICES: dict[str, tuple[str, ...]] = {
-    "model": KINDS + baseline_options.KINDS,
+    "model": kinds.ALL,
     "lr_decay": LR_DECAYS,
     "scaling": SCALINGS,
     "amp_dtype": AMP_DTYPES,
@@ -52,8 +62,6 @@ class _TrainCommand(NcfCommand):
 
 
 def _epilog() -> str:
-    from ncfcli.training.defaults import table_text
-
     table = table_text().replace("[", "\\[")
     return (
         "Defaults by dataset size (training positives); any flag overrides, and a resumed run "
@@ -85,30 +93,31 @@ def train(
 ) -> None:
     """Train a model on a prepared dataset: MF below 200k training positives, else NeuMF
     (--model: GMF, MLP, baselines); HR@10/NDCG@10 each epoch, checkpoints, curves."""
-    import os
-
     # Spinning OpenMP threads starve each other on a busy or small CPU (10x slower measured on
     # 2 shared cores); sleeping ones cost little. Only takes effect before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from ncfcli.launch.plan import check_launch_flags, launch_train, should_launch
-
     # What needs no torch is checked first: a mistake is refused at once, not after seconds.
     check_launch_flags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
     _check_choices(**{name: options[name] for name in TRAIN_CHOICES})
     options["data_dir"] = str(_dataset(options["data_dir"], options["out"], options["resume"]))
     cfg = build(TrainConfig, options)  # every option's check, still without torch
     if cfg.tensorboard:
-        from ncfcli.rundir.logs import check_tensorboard
-
         check_tensorboard()
     procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
-    if procs > 1 and cfg.model in baseline_options.KINDS:
+    if procs > 1 and kinds.is_baseline(cfg.model):
         raise NcfError(f"--model {cfg.model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
     check_launch(cfg, procs)  # before any rank starts: a refusal costs no start-up
     if should_launch(nproc, gpus, nnodes):
-        code = launch_train(ctx.meta.get("ncf_train_argv") or sys.argv[1:], nproc=nproc, gpus=gpus,
-                            nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                            master_port=master_port)  # fmt: skip
+        argv = ctx.meta.get("ncf_train_argv") or sys.argv[1:]
+        code = launch_train(
+            argv,
+            nproc=nproc,
+            gpus=gpus,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+        )
         raise typer.Exit(code)
     _run(cfg, json_out, quiet)
 
@@ -124,10 +133,9 @@ def _check_choices(**given: str | None) -> None:
 def _dataset(data_dir: str | None, out: Path | None, resume: bool) -> Path:
     """DATA_DIR's prepared dataset, or with `--resume --out RUN_DIR` and no DATA_DIR the
     run's own; read_meta says in one line when it is a file, a run or a missing folder."""
-    from ncfcli.data.dataset import read_meta
-    from ncfcli.data.sources import resolve_prepared
+    from ncfcli.data.store import read_meta  # numpy: loaded once the flags are checked
 
-    path = resolve_prepared(data_dir) if data_dir is not None else _runs_dataset(out, resume)
+    path = prepared(data_dir) if data_dir is not None else _runs_dataset(out, resume)
     read_meta(path)
     return path
 
@@ -135,8 +143,11 @@ def _dataset(data_dir: str | None, out: Path | None, resume: bool) -> Path:
 def _runs_dataset(out: Path | None, resume: bool) -> Path:
     """The dataset of the run `--resume --out RUN_DIR` continues (DATA_DIR left out)."""
     if not resume or out is None:
-        raise NcfError("missing DATA_DIR, the prepared dataset to train on: ncf train DATA_DIR "
-                       "(only --resume --out RUN_DIR may leave it out)", 2)  # fmt: skip
+        raise NcfError(
+            "missing DATA_DIR, the prepared dataset to train on: ncf train DATA_DIR "
+            "(only --resume --out RUN_DIR may leave it out)",
+            2,
+        )
     config = out / "config.json"
     try:
         return Path(json.loads(config.read_text())["dataset"]["path"])
@@ -148,9 +159,7 @@ def _runs_dataset(out: Path | None, resume: bool) -> Path:
 
 def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
     """Train in this process and print the summary (rank 0 only)."""
-    from ncfcli.launch.distributed import env_from_environ
-    from ncfcli.training.loop import train as run_train
-    from ncfcli.ui import epoch_progress, err_console, out_console, print_json, si, summary_table
+    from ncfcli.training.loop import train as run_train  # the runner: torch loads here
 
     env = env_from_environ()
     progress = epoch_progress(err_console(), disable=quiet or not env.is_main)
@@ -162,35 +171,39 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
         return
     if quiet:
         return
+    out_console().print(summary_table("ncf train", _summary_rows(result)))
+
+
+def _summary_rows(result: TrainResult) -> list[tuple[str, Any]]:
+    """The table `ncf train` prints at the end of a run."""
+    stopped = ", stopped at --target-hr)" if result.stopped_early else ")"
     rows: list[tuple[str, Any]] = [
         ("run", result.run_dir),
-        ("epochs", f"{result.epochs} ({result.trained_epochs} this call"
-                   + (", stopped at --target-hr)" if result.stopped_early else ")")),
+        ("epochs", f"{result.epochs} ({result.trained_epochs} this call" + stopped),
         ("best epoch", _chosen_row(result.best_epoch, result.selected_by, result.select_metric)),
         ("split", result.dataset_split),
-        *([("recency weight", _recency_row(result.recency_weight, result.recency_probe))]
-          if result.recency_weight or result.recency_probe else []),
-        ("order term", f"{result.order_factors} factors" if result.order_factors else "off"),
-        ("sequence term", (f"latest {result.sequence_length} items" if result.sequence_length
-                           else "off") + (f" ({result.sequence_note})" if result.sequence_note
-                                          else "")),
-        *([("validation HR@10", f"{result.validation['hr@10']:.4f}"),
-           ("validation NDCG@10", f"{result.validation['ndcg@10']:.4f}")]
-          if result.validation else []),
-        *([("validation full HR@10", f"{result.validation['full-hr@10']:.4f}"),
-           ("validation full NDCG@10", f"{result.validation['full-ndcg@10']:.4f}")]
-          if result.validation and "full-hr@10" in result.validation else []),
-        *([("test HR@10", f"{result.metrics['hr@10']:.4f}"),
-           ("test NDCG@10", f"{result.metrics['ndcg@10']:.4f}")] if result.metrics else []),
-        ("samples/s", si(result.samples_per_second)),
-        ("seconds", f"{result.seconds:.1f}"),
-        ("parameters", si(result.parameters)),
-        ("device", f"{result.device} x {result.world_size}"),
-        *([("shard", "users: training rows per rank "
-            + ", ".join(si(n) for n in result.shard["rank_rows"]))]
-          if result.shard and result.shard["mode"] == "users" else []),
-    ]  # fmt: skip
-    out_console().print(summary_table("ncf train", rows))
+    ]
+    if result.recency_weight or result.recency_probe:
+        rows.append(("recency weight", _recency_row(result.recency_weight, result.recency_probe)))
+    rows += describe_terms(result.terms, result.sequence_note)
+    valid, test = result.validation, result.metrics
+    if valid:
+        rows.append(("validation HR@10", f"{valid['hr@10']:.4f}"))
+        rows.append(("validation NDCG@10", f"{valid['ndcg@10']:.4f}"))
+    if valid and "full-hr@10" in valid:
+        rows.append(("validation full HR@10", f"{valid['full-hr@10']:.4f}"))
+        rows.append(("validation full NDCG@10", f"{valid['full-ndcg@10']:.4f}"))
+    if test:
+        rows.append(("test HR@10", f"{test['hr@10']:.4f}"))
+        rows.append(("test NDCG@10", f"{test['ndcg@10']:.4f}"))
+    rows.append(("samples/s", si(result.samples_per_second)))
+    rows.append(("seconds", f"{result.seconds:.1f}"))
+    rows.append(("parameters", si(result.parameters)))
+    rows.append(("device", f"{result.device} x {result.world_size}"))
+    if result.shard and result.shard["mode"] == "users":
+        per_rank = ", ".join(si(n) for n in result.shard["rank_rows"])
+        rows.append(("shard", "users: training rows per rank " + per_rank))
+    return rows
 
 
 def _chosen_row(epoch: int, selected_by: str, metric: str = "hr@10") -> str:

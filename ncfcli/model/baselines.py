@@ -36,18 +36,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from ncfcli.backend import host_available_bytes
 from ncfcli.errors import NcfError
-
-# The kinds and the option checks import without torch (TrainConfig validates with them).
-from ncfcli.model.kinds import KINDS
-from ncfcli.model.kinds import check_options as check_options
+from ncfcli.model.kinds import BASELINES as KINDS
 
 EASE_MAX_ITEMS = 40_000  # a dense float64 item x item inverse: 12.8 GB at this size
 # Chosen on the validation split of ml-100k (docs/training-defaults.md, "Baselines").
 DEFAULTS: dict[str, Any] = {
-    "factors": 256, "als_reg": 30.0, "als_alpha": 5.0, "als_iterations": 15,
-    "ease_lambda": 250.0, "knn_neighbours": 50, "knn_shrink": 0.0,
-}  # fmt: skip
+    "factors": 256,
+    "als_reg": 30.0,
+    "als_alpha": 5.0,
+    "als_iterations": 15,
+    "ease_lambda": 250.0,
+    "knn_neighbours": 50,
+    "knn_shrink": 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -89,17 +92,20 @@ def _history(
     counts = offsets[users + 1] - first
     total = int(counts.sum())
     device = users.device
-    rows = torch.repeat_interleave(torch.arange(users.shape[0], device=device), counts,
-                                   output_size=total)  # fmt: skip
+    rows = torch.repeat_interleave(
+        torch.arange(users.shape[0], device=device), counts, output_size=total
+    )
     starts = torch.cumsum(counts, 0) - counts
     within = torch.arange(total, device=device) - torch.repeat_interleave(
         starts, counts, output_size=total
     )
     cols = items[torch.repeat_interleave(first, counts, output_size=total) + within].long()
     return torch.sparse_coo_tensor(
-        torch.stack([rows, cols]), torch.ones(total, device=device),
-        (users.shape[0], n_items), check_invariants=False,  # explicit: torch warns otherwise
-    ).coalesce()  # fmt: skip
+        torch.stack([rows, cols]),
+        torch.ones(total, device=device),
+        (users.shape[0], n_items),
+        check_invariants=False,  # explicit: torch warns otherwise
+    ).coalesce()
 
 
 class Baseline(nn.Module):
@@ -262,8 +268,6 @@ def free_memory_bytes(device: torch.device) -> int | None:
         except RuntimeError:  # torch on RMM's allocator keeps no statistics of its own
             cached = 0
         return int(free) + max(0, int(cached))
-    from ncfcli.backend import host_available_bytes
-
     return host_available_bytes()
 
 
@@ -361,9 +365,12 @@ def _als(
     with threadpool_limits(1, "blas"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # implicit's BLAS advice, followed on the line above
         model = AlternatingLeastSquares(
-            factors=cfg.factors, regularization=cfg.als_reg, alpha=cfg.als_alpha,
-            iterations=cfg.als_iterations, random_state=seed,
-        )  # fmt: skip
+            factors=cfg.factors,
+            regularization=cfg.als_reg,
+            alpha=cfg.als_alpha,
+            iterations=cfg.als_iterations,
+            random_state=seed,
+        )
         model.fit(matrix, show_progress=False)
     device = items.device
     return (
@@ -387,8 +394,9 @@ def fit(
     if cfg.kind == "pop":
         tensors = {"counts": torch.bincount(items, minlength=n_items).float()}
     elif cfg.kind == "itemknn":
-        index, weight = _item_cosine_topk(offsets, items, n_users, n_items, cfg.knn_neighbours,
-                                          cfg.knn_shrink)  # fmt: skip
+        index, weight = _item_cosine_topk(
+            offsets, items, n_users, n_items, cfg.knn_neighbours, cfg.knn_shrink
+        )
         tensors = {"offsets": offsets, "items": items, "nbr_index": index, "nbr_weight": weight}
     elif cfg.kind == "ease":
         weights = _ease(offsets, items, n_users, n_items, cfg.ease_lambda)
@@ -401,8 +409,9 @@ def fit(
         raise NcfError(f"--model {cfg.kind!r} is not a baseline ({', '.join(KINDS)})", 2)
     for name, t in tensors.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise NcfError(f"--model {cfg.kind}: the fit produced non-finite {name}; "
-                           "raise the regularisation")  # fmt: skip
+            raise NcfError(
+                f"--model {cfg.kind}: the fit produced non-finite {name}; raise the regularisation"
+            )
     model = Baseline(cfg, tensors)
     model.eval()
     backend.synchronize()

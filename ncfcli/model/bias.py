@@ -46,9 +46,12 @@ class Biases(nn.Module):
         return score + pair[:, 0] + b
 
     def add_scores(
-        self, scores: torch.Tensor, users: torch.Tensor, b: torch.Tensor,
+        self,
+        scores: torch.Tensor,
+        users: torch.Tensor,
+        b: torch.Tensor,
         items: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """scores [U, n_items], users [U], b [1] -> scores + b_u + b_i + b for every item (or
         for the items [B] / [U, C] given, scores being [U, B] / [U, C])."""
         b_i = item_rows(self.item.weight, items)[..., 0]  # [n_items], [B] or [U, C]

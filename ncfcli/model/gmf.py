@@ -39,9 +39,12 @@ class GMF(nn.Module):
         return self(users, items).sum(dim=-1)
 
     def add_scores(
-        self, out: torch.Tensor, users: torch.Tensor, h: torch.Tensor,
+        self,
+        out: torch.Tensor,
+        users: torch.Tensor,
+        h: torch.Tensor,
         items: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """out [U, n_items] + the head's GMF term against every item, h^T (p_u ⊙ q_i) =
         (p_u ⊙ h) . q_i: one product (P[users] ⊙ h) Q^T [U, n_items]; h [1, F]. With items
         [B] or [U, C] only those (layers.dot_items): out is [U, B] or [U, C]."""

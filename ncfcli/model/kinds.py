@@ -1,31 +1,31 @@
-"""The baselines' kinds and option checks, importable without torch.
+"""The model kinds `ncf train --model` takes, and their checks, importable without torch.
 
-TrainConfig (ncfcli/training/config.py) validates `--model` and the baseline flags with these when
-it is built, and the CLI builds its options from TrainConfig, so this module stays light;
-ncfcli.model.baselines (which fits them, with torch) re-exports both.
+One registry: the NCF kinds (ncfcli/model/neumf.py builds them) and the baselines
+(ncfcli/model/baselines.py fits them). TrainConfig, ModelConfig, `ncf tune`'s space and the CLI
+read the lists and checks here, so a new kind is added in one place.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from collections.abc import Sequence
 
-from ncfcli.errors import NcfError
+NCF = ("neumf", "gmf", "mlp", "mf")
+BASELINES = ("pop", "itemknn", "ease", "als")
+ALL = NCF + BASELINES
+KINDS = BASELINES  # the name tuning/search.py still imports; BASELINES is the registry's
+# The kinds with each tower: the GMF/MF embedding (--factors) and the MLP (--layers).
+WITH_GMF = ("neumf", "gmf", "mf")
+WITH_MLP = ("neumf", "mlp")
 
-KINDS = ("pop", "itemknn", "ease", "als")
+
+def is_baseline(kind: str | None) -> bool:
+    return kind in BASELINES
 
 
-def check_options(values: dict[str, Any]) -> None:
-    """Validate the baseline flags (None = not given); messages name the flag."""
-    rules = [
-        ("--als-reg", "als_reg", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
-        ("--als-alpha", "als_alpha", lambda v: v > 0 and math.isfinite(v), "> 0"),
-        ("--als-iterations", "als_iterations", lambda v: v >= 1, ">= 1"),
-        ("--ease-lambda", "ease_lambda", lambda v: v > 0 and math.isfinite(v), "> 0"),
-        ("--knn-neighbours", "knn_neighbours", lambda v: v >= 1, ">= 1"),
-        ("--knn-shrink", "knn_shrink", lambda v: v >= 0 and math.isfinite(v), ">= 0"),
-    ]
-    for flag, key, ok, rule in rules:
-        v = values.get(key)
-        if v is not None and not ok(v):
-            raise NcfError(f"{flag} must be {rule}, got {v!r}", exit_code=2)
+def layers_problem(layers: Sequence[int]) -> str | None:
+    """What is wrong with `--layers` (the first size is 2 x the MLP embedding), or None."""
+    if len(layers) < 1 or any(n < 1 for n in layers):
+        return f"--layers must be positive sizes, got {list(layers)}"
+    if layers[0] % 2:
+        return f"--layers: the first size must be even, got {layers[0]}"
+    return None

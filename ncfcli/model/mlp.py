@@ -70,9 +70,13 @@ class MLP(nn.Module):
     rest: nn.Sequential
 
     def __init__(
-        self, user: nn.Embedding, item: nn.Embedding, first: SplitLinear | None,
-        rest: nn.Sequential, dropout: float,
-    ) -> None:  # fmt: skip
+        self,
+        user: nn.Embedding,
+        item: nn.Embedding,
+        first: SplitLinear | None,
+        rest: nn.Sequential,
+        dropout: float,
+    ) -> None:
         super().__init__()
         borrow(self, user=user, item=item, first=first, rest=rest)
         self.dropout = dropout
@@ -122,9 +126,12 @@ class MLP(nn.Module):
         return h
 
     def add_scores(
-        self, out: torch.Tensor, users: torch.Tensor, blocks: list[torch.Tensor],
+        self,
+        out: torch.Tensor,
+        users: torch.Tensor,
+        blocks: list[torch.Tensor],
         items: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """out [U, n_items] + the head's MLP terms against every item (or the items [B] / [U, C]
         given, out being [U, B] / [U, C]); `blocks` are the head's weight blocks for this tower
         ([1, layers[-1]], or [1, D] twice with one size).
@@ -145,9 +152,12 @@ class MLP(nn.Module):
         return out + (item_term if item_term.dim() == 2 else item_term[None, :])
 
     def pair_layers(
-        self, per_user: torch.Tensor, per_item: torch.Tensor, head: torch.Tensor,
+        self,
+        per_user: torch.Tensor,
+        per_item: torch.Tensor,
+        head: torch.Tensor,
         grid: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """The per-pair part of scoring: h^T rest(a_u + b_i) for per_user a [U, h] and per_item
         b [B, h] (every user against every row) -> [U, B], or with `grid` [U, C] (each user's
         own rows of b) -> [U, C]; head [1, layers[-1]]. Eval mode (dropout off).

@@ -79,8 +79,13 @@ class NCF(nn.Module):
         # kinds the weights it always gave.
         self.sequence = None
         if cfg.uses_sequence:
-            self.sequence = Sequence(cfg.n_items, cfg.sequence_length, cfg.sequence_factors,
-                                     cfg.sequence_blocks, cfg.sequence_dropout)  # fmt: skip
+            self.sequence = Sequence(
+                cfg.n_items,
+                cfg.sequence_length,
+                cfg.sequence_factors,
+                cfg.sequence_blocks,
+                cfg.sequence_dropout,
+            )
         self._towers()
 
     def _towers(self) -> None:
@@ -89,8 +94,9 @@ class NCF(nn.Module):
         if self.user_gmf is not None and self.item_gmf is not None:
             self.gmf_tower = GMF(self.user_gmf, self.item_gmf)
         if self.user_mlp is not None and self.item_mlp is not None:
-            self.mlp_tower = MLP(self.user_mlp, self.item_mlp, self.mlp_in, self.mlp,
-                                 self.cfg.dropout)  # fmt: skip
+            self.mlp_tower = MLP(
+                self.user_mlp, self.item_mlp, self.mlp_in, self.mlp, self.cfg.dropout
+            )
         if self.prev_item is not None and self.next_item is not None:
             self.order_term = Order(self.prev_item, self.next_item)
         if self.cfg.kind == "mf":
@@ -137,14 +143,19 @@ class NCF(nn.Module):
         if got.kind != kind:
             raise ValueError(f"the pretrained {kind.upper()} is a --model {got.kind} run")
         if (got.n_users, got.n_items) != shape:
-            raise ValueError(f"the pretrained {kind.upper()} has {got.n_users} users and "
-                             f"{got.n_items} items, this model {shape[0]} and {shape[1]}")  # fmt: skip
+            raise ValueError(
+                f"the pretrained {kind.upper()} has {got.n_users} users and "
+                f"{got.n_items} items, this model {shape[0]} and {shape[1]}"
+            )
         if kind == "gmf" and got.factors != self.cfg.factors:
-            raise ValueError(f"the pretrained GMF has --factors {got.factors}, this model "
-                             f"{self.cfg.factors}")  # fmt: skip
+            raise ValueError(
+                f"the pretrained GMF has --factors {got.factors}, this model {self.cfg.factors}"
+            )
         if kind == "mlp" and got.layers != self.cfg.layers:
-            raise ValueError(f"the pretrained MLP has --layers {list(got.layers)}, this "
-                             f"model {list(self.cfg.layers)}")  # fmt: skip
+            raise ValueError(
+                f"the pretrained MLP has --layers {list(got.layers)}, this "
+                f"model {list(self.cfg.layers)}"
+            )
 
     def _copy_tower(self, other: NCF, kind: str) -> None:
         """Copy a checked pretrained model's tables (and the MLP's layers) into this one's."""
@@ -164,9 +175,14 @@ class NCF(nn.Module):
         """Sum of squares of the embedding rows that (users [B], items [B], prev [B]) read
         -> [] float."""
         total = users.new_zeros((), dtype=torch.float32)
-        for tab, ids in ((self.user_gmf, users), (self.item_gmf, items),
-                         (self.user_mlp, users), (self.item_mlp, items),
-                         (self.prev_item, prev), (self.next_item, items)):  # fmt: skip
+        for tab, ids in (
+            (self.user_gmf, users),
+            (self.item_gmf, items),
+            (self.user_mlp, users),
+            (self.item_mlp, items),
+            (self.prev_item, prev),
+            (self.next_item, items),
+        ):
             if tab is not None and ids is not None:
                 total = total + row_sq_sum(tab.weight, ids, self.training)
         return total
@@ -185,14 +201,19 @@ class NCF(nn.Module):
                 and ((prev is not None) == cfg.uses_order)
             ):
                 return prev
-            raise ValueError(f"a model with a sequence term scores (user, item, the user's latest "
-                             f"{cfg.sequence_length} items [B, {cfg.sequence_length}])")  # fmt: skip
+            raise ValueError(
+                f"a model with a sequence term scores (user, item, the user's latest "
+                f"{cfg.sequence_length} items [B, {cfg.sequence_length}])"
+            )
         if prev is not None and prev.dim() != 1:
             raise ValueError("this model has no sequence term: it takes one previous item per row")
         if (prev is not None) != cfg.uses_order:
-            raise ValueError("a model with an order term scores (user, item, previous item); "
-                             "one without it (user, item)" if prev is None else
-                             "this model has no order term: it takes no previous item")  # fmt: skip
+            raise ValueError(
+                "a model with an order term scores (user, item, previous item); "
+                "one without it (user, item)"
+                if prev is None
+                else "this model has no order term: it takes no previous item"
+            )
         return prev
 
     def forward(
@@ -270,9 +291,11 @@ class NCF(nn.Module):
         return self.head(*parts)[:, 0]
 
     def score_all(
-        self, users: torch.Tensor, prev: torch.Tensor | None = None,
+        self,
+        users: torch.Tensor,
+        prev: torch.Tensor | None = None,
         items: torch.Tensor | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """users [U] (and prev: [U], each user's previous item, for a model with an order term;
         [U, L], each user's latest items, for one with a sequence term)
         -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the

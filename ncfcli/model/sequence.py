@@ -81,8 +81,9 @@ class Sequence(nn.Module):
         nn.init.normal_(self.position.weight, 0.0, 0.02)
         with torch.no_grad():
             self.item.weight[n_items].zero_()
-        self.register_buffer("blocked", torch.ones(length, length, dtype=torch.bool).triu(1),
-                             persistent=False)  # fmt: skip
+        self.register_buffer(
+            "blocked", torch.ones(length, length, dtype=torch.bool).triu(1), persistent=False
+        )
         # weight x s_kind / s_seq (`calibrate`); 1 until the first scoring.
         self.register_buffer("scale", torch.ones((), dtype=torch.float32))
 

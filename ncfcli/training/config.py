@@ -1,36 +1,25 @@
 """The options of `ncf train` (TrainConfig), their per-dataset defaults (`resolve`) and the
-rules of --resume and --refit (FIXED_ON_RESUME, REFIT_OWN, LEGACY).
+rules of --resume and --refit, declared on each field (`opt(fixed=..., legacy=..., ...)`).
 
-Defaults per dataset size: the table is ncfcli/training/defaults.py (`ncf train --help` prints it), the
-tuning runs docs/training-defaults.md. The small-data column (MF, recency weights when the
-validation probe finds a time signal, the batch that gives an epoch 100 steps) was chosen on the
-validation split of real MovieLens-100K, never on the test items; ml-20m is NVIDIA's reference
-setting; ml-1m sits between, following the NCF paper's sizes, and is untuned here.
+Defaults per dataset size: the table is ncfcli/training/defaults.py (`ncf train --help` prints
+it); why each value, and the policy of --resume, --refit and the large-batch lr rule, with the
+runs behind them: docs/training-defaults.md.
 
-Either way (strong or weak scaling), when `--lr` is not given and the global batch is k > 1
-times the size tier's tuned batch, the lr is the tier's lr x min(k^0.75, LR_SCALE_CAP)
-(`batch_lr`; runs in docs/training-defaults.md); `--warmup-epochs N` ramps it up linearly from 0
-over N epochs. A `--lr` given is used as given (with no warm-up unless `--warmup-epochs` asks
-for one).
-
-`--resume` may change the learning rate and its schedule (--lr, --lr-decay, --warmup-epochs),
-Adam's --beta1/--beta2/--eps, --l2, --epochs, --target-hr, --tf32, --micro-batch, --eval-batch
-and --keep-checkpoints: each applies from the next step, each metrics.jsonl row carries the lr of
-its first and last step (`lr`, `lr_end`), and config.json's `resumes` lists every resume as
-{"epoch": epochs done, "step": steps done in the next one, "changed": {option: [old, new]}}.
-The options in FIXED_ON_RESUME are refused with one line naming the flag.
+`--resume` may change every option but those declared `fixed` (refused with one line naming the
+flag): each applies from the next step, each metrics.jsonl row carries the lr of its first and
+last step (`lr`, `lr_end`), and config.json's `resumes` lists every resume as {"epoch": epochs
+done, "step": steps done in the next one, "changed": {option: [old, new]}}.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
-
-# The baselines' kinds and checks without torch (ncfcli.model.baselines re-exports them).
-from ncfcli.model import kinds as baselines
+from ncfcli.model import kinds
 from ncfcli.options import (
     ABOVE_0,
     AT_LEAST_0,
@@ -47,68 +36,50 @@ from ncfcli.options import (
     OUTPUT,
     POSITIVE_FINITE,
     SCORING_BATCH_HELP,
+    Rule,
     check_fields,
+    marked,
     one_of,
     opt,
 )
 from ncfcli.training.defaults import first_tier, size_defaults, small_data_batch
 
-# ncfcli.model's KINDS, named here so that the options load without torch (the model builds
-# torch modules); tests/test_train_package.py keeps the two equal.
-KINDS = ("neumf", "gmf", "mlp", "mf")
-
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
 SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/training/shard.py
-# `--select-metric`: what chooses the epoch (train/evaluation.py), the grid point of a baseline
-# and the trial of `ncf tune`; "full-" ranks every item the user has not seen (ncf eval's
-# --full-ranking), the others the held-out item against its sampled negatives.
+# `--select-metric`: what chooses the epoch (training/validation.py), the grid point of a
+# baseline and the trial of `ncf tune`; "full-" ranks every item the user has not seen (ncf
+# eval's --full-ranking), the others the held-out item against its sampled negatives.
 SELECT_METRICS = ("hr@10", "ndcg@10", "full-hr@10", "full-ndcg@10")
 # The figure of each metric's protocol that breaks its ties.
-PARTNER = {"hr@10": "ndcg@10", "ndcg@10": "hr@10", "full-hr@10": "full-ndcg@10",
-           "full-ndcg@10": "full-hr@10"}  # fmt: skip
+PARTNER = {
+    "hr@10": "ndcg@10",
+    "ndcg@10": "hr@10",
+    "full-hr@10": "full-ndcg@10",
+    "full-ndcg@10": "full-hr@10",
+}
 SELECT_HELP = "Validation chooses by: hr@10, ndcg@10, full-hr@10, full-ndcg@10."
-# The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch.
+# The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch;
+# a slower power with the order term, no warm-up (docs/training-defaults.md, "Large batches").
 LR_SCALE_POWER = 0.75
-# With the order term the lr grows more slowly: on ml-100k's validation split (3 seeds) k^0.5
-# beat k^0.75 at 2^16 (sampled HR@10 0.7766 against 0.7699, full 0.2421 against 0.2361) and 2^17
-# (0.7748 against 0.7720, 0.2386 against 0.2192); the default batch gives 0.7777, 0.2333.
 LR_SCALE_POWER_ORDER = 0.5
 LR_SCALE_CAP = 8.0
-LR_WARMUP_EPOCHS = 0  # a warm-up epoch cost 0.007-0.016 validation HR@10 at 2^16-2^17 on ml-100k
-ARCH_FIELDS = ("model", "factors", "layers", "dropout", "order_factors", "sequence_length",
-               "sequence_factors", "sequence_weight")  # fmt: skip
-# What --resume may not change, and why (every other option may: it applies from the next step
-# and config.json's `resumes` records the change). The architecture is the checkpoint's weights;
-# seed, negatives, batch and scaling define every epoch's samples and steps, which is what makes
-# a resumed run equal an uninterrupted one; AMP changes the optimizer's and scaler's numerics.
-FIXED_ON_RESUME = {
-    **{name: "the checkpoint's weights have this architecture" for name in ARCH_FIELDS},
-    "neg_per_pos": "it defines every epoch's samples",
-    "approx_negatives": "it defines every epoch's samples",
-    "seed": "it defines every epoch's samples and order",
-    "batch_size": "it defines every epoch's steps",
-    "scaling": "it defines every epoch's steps and the learning rate's scale",
-    "amp": "the optimizer and loss-scaler state were made with it",
-    "amp_dtype": "the optimizer and loss-scaler state were made with it",
-    "pretrained_gmf": "the run's first weights came from it",
-    "pretrained_mlp": "the run's first weights came from it",
-    "refit": "the run's settings and training data came from it",
-    "select_metric": "it chose the run's best epoch so far",
-}
-# Options a --refit may set itself: how the same steps are computed and kept, not what they are.
-REFIT_OWN = ("micro_batch", "eval_batch", "keep_checkpoints")
-# Options added after runs were first saved, with the value that reproduces what such a run
-# did: resuming it keeps that value, not today's default.
-LEGACY = {"recency_weight": 0.0, "order_factors": 0, "select_metric": "hr@10",
-          "sequence_length": 0}  # fmt: skip
-# Defaults that need the time order of the training positives: these values without one.
-TIME_DEFAULTS: dict[str, Any] = {"recency_weight": 0.0, "order_factors": 0, "sequence_length": 0}
-# Of those, the ones the validation probe (recency.probe) also keeps on or turns off. The order
-# term is not among them: on ml-100k-sparse it gained 0.03 validation HR@10 where the probe
-# finds nothing (z 0.0), and cost 0.003 where times are random (docs/training-defaults.md).
-PROBED = ("recency_weight", "sequence_length")
+LR_WARMUP_EPOCHS = 0
+
+# Why --resume may not change an option (`fixed`): what makes a resumed run equal an
+# uninterrupted one (docs/training-defaults.md, "What --resume and --refit keep").
+WEIGHTS = "the checkpoint's weights have this architecture"
+SAMPLES = "it defines every epoch's samples"
+AMP_STATE = "the optimizer and loss-scaler state were made with it"
+FIRST_WEIGHTS = "the run's first weights came from it"
+# The baselines' own checks (their messages say ">= 0", not "a finite number >= 0").
+FINITE_AT_LEAST_0: Rule = (lambda v: v >= 0 and math.isfinite(v), ">= 0")
+FINITE_ABOVE_0: Rule = (lambda v: v > 0 and math.isfinite(v), "> 0")
+
+
+def _layers(value: Any) -> tuple[int, ...] | None:
+    return parse_layers(value) if isinstance(value, str) else tuple(value)
 
 
 @dataclass(frozen=True)
@@ -119,12 +90,22 @@ class TrainConfig:
     data_dir: str = opt(
         help="Prepared dataset directory, or the name `ncf prepare NAME` gave it in the cache "
         "(with --resume: the run's own if left out).",
-        panel=None, metavar="DATA_DIR", cli_default=None, api="data", aliases=("--data",),
-    )  # fmt: skip
+        panel=None,
+        metavar="DATA_DIR",
+        cli_default=None,
+        api="data",
+        aliases=("--data",),
+    )
     out: str | None = opt(
-        None, "Run directory.", OUTPUT, flags=("--out", "-o"), shown="runs/<dataset>-<timestamp>",
-        cli_type=Path, parse=str, aliases=("--checkpoint_dir",),
-    )  # fmt: skip
+        None,
+        "Run directory.",
+        OUTPUT,
+        flags=("--out", "-o"),
+        shown="runs/<dataset>-<timestamp>",
+        cli_type=Path,
+        parse=str,
+        aliases=("--checkpoint_dir",),
+    )
     resume: bool = opt(False, "Continue the run in --out from its last checkpoint.", OUTPUT)
     overwrite: bool = opt(
         False, "Replace ncf's own earlier output at --out (never other files).", OUTPUT
@@ -135,15 +116,25 @@ class TrainConfig:
         None, "Total epochs.", OPTIM, flags=("--epochs", "-e"), shown=BY_SIZE, check=AT_LEAST_1
     )
     batch_size: int | None = opt(
-        None, "Global batch (per GPU with --scaling weak).", OPTIM, flags=("--batch-size", "-b"),
-        shown=BY_SIZE, aliases=("--batch_size",), check=AT_LEAST_1,
-    )  # fmt: skip
+        None,
+        "Global batch (per GPU with --scaling weak).",
+        OPTIM,
+        flags=("--batch-size", "-b"),
+        shown=BY_SIZE,
+        aliases=("--batch_size",),
+        check=AT_LEAST_1,
+        fixed="it defines every epoch's steps",
+    )
     # the single-rank rate under weak scaling
     lr: float | None = opt(
-        None, "Adam learning rate.", OPTIM, flags=("--lr", "-l"),
-        shown="table below; more for a larger batch", aliases=("--learning_rate",),
+        None,
+        "Adam learning rate.",
+        OPTIM,
+        flags=("--lr", "-l"),
+        aliases=("--learning_rate",),
+        shown="table below; more for a larger batch",
         check=POSITIVE_FINITE,
-    )  # fmt: skip
+    )
     beta1: float | None = opt(
         None, "Adam beta1.", OPTIM, shown=BY_SIZE, aliases=("-b1",), check=FRACTION
     )
@@ -155,157 +146,298 @@ class TrainConfig:
         None, "L2 on the batch's embedding rows.", OPTIM, shown=BY_SIZE, check=AT_LEAST_0
     )
     model: str | None = opt(
-        None, "neumf | gmf | mlp | mf, or a baseline: pop | itemknn | ease | als.", MODEL,
-        shown=BY_SIZE, check=one_of(KINDS + baselines.KINDS),
-    )  # fmt: skip
+        None,
+        "neumf | gmf | mlp | mf, or a baseline: pop | itemknn | ease | als.",
+        MODEL,
+        shown=BY_SIZE,
+        check=one_of(kinds.ALL),
+        fixed=WEIGHTS,
+    )
     factors: int | None = opt(
-        None, "GMF/MF embedding width.", MODEL, flags=("--factors", "-f"), shown=BY_SIZE,
+        None,
+        "GMF/MF embedding width.",
+        MODEL,
+        flags=("--factors", "-f"),
+        shown=BY_SIZE,
         check=AT_LEAST_1,
-    )  # fmt: skip
+        fixed=WEIGHTS,
+    )
     # the first size is 2 x the MLP embedding width
     layers: tuple[int, ...] | None = opt(
-        None, "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).", MODEL, shown=BY_SIZE,
-        cli_type=str | None, parse=lambda v: parse_layers(v) if isinstance(v, str) else tuple(v),
-    )  # fmt: skip
+        None,
+        "MLP sizes: --layers 256 256 128 64 (or 256,256,128,64).",
+        MODEL,
+        shown=BY_SIZE,
+        cli_type=str | None,
+        parse=_layers,
+        fixed=WEIGHTS,
+    )
     dropout: float | None = opt(
-        None, "Dropout after each MLP hidden layer.", MODEL, shown=BY_SIZE, check=FRACTION
+        None,
+        "Dropout after each MLP hidden layer.",
+        MODEL,
+        shown=BY_SIZE,
+        check=FRACTION,
+        fixed=WEIGHTS,
     )
     pretrained_gmf: str | None = opt(
-        None, "neumf: GMF tower (and half the head) from this --model gmf run.", MODEL,
+        None,
+        "neumf: GMF tower (and half the head) from this --model gmf run.",
+        MODEL,
         shown="random",
-    )  # fmt: skip
+        fixed=FIRST_WEIGHTS,
+    )
     pretrained_mlp: str | None = opt(
-        None, "neumf: MLP tower (and half the head) from this --model mlp run.", MODEL,
+        None,
+        "neumf: MLP tower (and half the head) from this --model mlp run.",
+        MODEL,
         shown="random",
-    )  # fmt: skip
+        fixed=FIRST_WEIGHTS,
+    )
     refit: str | None = opt(
-        None, "Train this finished run's settings again on train + validation, for the epochs "
+        None,
+        "Train this finished run's settings again on train + validation, for the epochs "
         "its validation split chose; the last epoch is the model (test chooses nothing).",
-        EVAL, shown="off",
-    )  # fmt: skip
+        EVAL,
+        shown="off",
+        fixed="the run's settings and training data came from it",
+    )
     neg_per_pos: int | None = opt(
-        None, "Training negatives per positive, drawn each epoch.", DATA,
-        flags=("--neg-per-pos", "-n"), shown=BY_SIZE, aliases=("--negative_samples",),
+        None,
+        "Training negatives per positive, drawn each epoch.",
+        DATA,
+        fixed=SAMPLES,
+        flags=("--neg-per-pos", "-n"),
+        shown=BY_SIZE,
+        aliases=("--negative_samples",),
         check=AT_LEAST_1,
-    )  # fmt: skip
+    )
     recency_weight: float | None = opt(
-        None, "A positive weighs 1 + this x exp(-age / span); age: its user's later positives.",
-        DATA, shown=BY_SIZE, check=NON_NEGATIVE_FINITE,
-    )  # fmt: skip
+        None,
+        "A positive weighs 1 + this x exp(-age / span); age: its user's later positives.",
+        DATA,
+        shown=BY_SIZE,
+        check=NON_NEGATIVE_FINITE,
+        legacy=0.0,
+        untimed=0.0,
+        probed=True,
+    )
     recency_span: float | None = opt(
-        None, "Positions back over which --recency-weight decays by e.", DATA, shown="10",
+        None,
+        "Positions back over which --recency-weight decays by e.",
+        DATA,
+        shown="10",
         check=POSITIVE_FINITE,
-    )  # fmt: skip
+    )
     order_factors: int | None = opt(
-        None, "Order term width: the previous item's pull on the item (0 = off; needs a time "
-        "order).", DATA, shown=BY_SIZE, check=AT_LEAST_0,
-    )  # fmt: skip
+        None,
+        "Order term width: the previous item's pull on the item (0 = off; needs a time order).",
+        DATA,
+        shown=BY_SIZE,
+        check=AT_LEAST_0,
+        fixed=WEIGHTS,
+        legacy=0,
+        untimed=0,
+    )
     sequence_length: int | None = opt(
-        None, "Sequence term: attention over the latest N items (0 = off).", DATA,
-        shown=BY_SIZE, check=AT_LEAST_0,
-    )  # fmt: skip
+        None,
+        "Sequence term: attention over the latest N items (0 = off).",
+        DATA,
+        shown=BY_SIZE,
+        check=AT_LEAST_0,
+        fixed=WEIGHTS,
+        legacy=0,
+        untimed=0,
+        probed=True,
+    )
     sequence_factors: int | None = opt(
-        None, "Sequence term width.", DATA, shown="64", check=AT_LEAST_1,
-    )  # fmt: skip
+        None, "Sequence term width.", DATA, shown="64", check=AT_LEAST_1, fixed=WEIGHTS
+    )
     sequence_weight: float | None = opt(
-        None, "Sequence term's share of the score.", DATA, shown="1", check=POSITIVE_FINITE,
-    )  # fmt: skip
+        None,
+        "Sequence term's share of the score.",
+        DATA,
+        shown="1",
+        check=POSITIVE_FINITE,
+        fixed=WEIGHTS,
+    )
     approx_negatives: bool | None = opt(
-        None, "Unverified negatives, as NVIDIA's (may hit positives).", DATA,
+        None,
+        "Unverified negatives, as NVIDIA's (may hit positives).",
+        DATA,
         shown="off: verified",
-    )  # fmt: skip
+        fixed=SAMPLES,
+    )
     seed: int | None = opt(
-        None, "Seed of model, negatives, order, dropout.", OPTIM, shown="0", aliases=("-s",)
+        None,
+        "Seed of model, negatives, order, dropout.",
+        OPTIM,
+        shown="0",
+        aliases=("-s",),
+        fixed="it defines every epoch's samples and order",
     )
     target_hr: float | None = opt(
-        None, "Stop at this validation HR@10 (test's without a validation split).", EVAL,
-        shown="off", aliases=("--threshold", "-t"), check=(lambda v: 0 < v <= 1, "in (0, 1]"),
-    )  # fmt: skip
+        None,
+        "Stop at this validation HR@10 (test's without a validation split).",
+        EVAL,
+        shown="off",
+        aliases=("--threshold", "-t"),
+        check=(lambda v: 0 < v <= 1, "in (0, 1]"),
+    )
     amp: bool | None = opt(
-        None, "Mixed precision (bf16, or fp16 with loss scaling).", DEVICES,
-        flags=("--amp/--no-amp",), shown="off",
-    )  # fmt: skip
+        None,
+        "Mixed precision (bf16, or fp16 with loss scaling).",
+        DEVICES,
+        flags=("--amp/--no-amp",),
+        shown="off",
+        fixed=AMP_STATE,
+    )
     amp_dtype: str | None = opt(
-        None, "auto | bf16 | fp16.", DEVICES, shown="auto", check=one_of(AMP_DTYPES)
+        None,
+        "auto | bf16 | fp16.",
+        DEVICES,
+        shown="auto",
+        check=one_of(AMP_DTYPES),
+        fixed=AMP_STATE,
     )
     tf32: bool | None = opt(
-        None, "TF32 matmuls on GPUs that have them.", DEVICES, flags=("--tf32/--no-tf32",),
+        None,
+        "TF32 matmuls on GPUs that have them.",
+        DEVICES,
+        flags=("--tf32/--no-tf32",),
         shown="on",
-    )  # fmt: skip
+    )
     scaling: str | None = opt(
-        None, "strong (global batch fixed) | weak (per-GPU batch fixed).", OPTIM, shown="strong",
+        None,
+        "strong (global batch fixed) | weak (per-GPU batch fixed).",
+        OPTIM,
+        shown="strong",
         check=one_of(SCALINGS),
-    )  # fmt: skip
+        fixed="it defines every epoch's steps and the learning rate's scale",
+    )
+    # default: by the batch rule
     warmup_epochs: int | None = opt(
         None, "Epochs of linear lr warm-up from 0.", OPTIM, shown="0", check=AT_LEAST_0
-    )  # default: by the batch rule
+    )
     lr_decay: str | None = opt(
-        None, "none | linear | cosine: lr falls to 0 over the run.", OPTIM, shown="none",
+        None,
+        "none | linear | cosine: lr falls to 0 over the run.",
+        OPTIM,
+        shown="none",
         check=one_of(LR_DECAYS),
-    )  # fmt: skip
-    als_reg: float | None = opt(None, "als: regularisation.", MODEL, shown="30")
-    als_alpha: float | None = opt(None, "als: confidence weight alpha.", MODEL, shown="5")
-    als_iterations: int | None = opt(None, "als: iterations.", MODEL, shown="15")
-    ease_lambda: float | None = opt(None, "ease: L2 regularisation.", MODEL, shown="250")
-    knn_neighbours: int | None = opt(None, "itemknn: neighbours kept per item.", MODEL, shown="50")
-    knn_shrink: float | None = opt(None, "itemknn: similarity shrinkage.", MODEL, shown="0")
+    )
+    als_reg: float | None = opt(
+        None, "als: regularisation.", MODEL, shown="30", check=FINITE_AT_LEAST_0
+    )
+    als_alpha: float | None = opt(
+        None, "als: confidence weight alpha.", MODEL, shown="5", check=FINITE_ABOVE_0
+    )
+    als_iterations: int | None = opt(None, "als: iterations.", MODEL, shown="15", check=AT_LEAST_1)
+    ease_lambda: float | None = opt(
+        None, "ease: L2 regularisation.", MODEL, shown="250", check=FINITE_ABOVE_0
+    )
+    knn_neighbours: int | None = opt(
+        None, "itemknn: neighbours kept per item.", MODEL, shown="50", check=AT_LEAST_1
+    )
+    knn_shrink: float | None = opt(
+        None, "itemknn: similarity shrinkage.", MODEL, shown="0", check=FINITE_AT_LEAST_0
+    )
     # gradient accumulation
     micro_batch: int | None = opt(
-        None, "Most samples per forward/backward; a larger batch sums slices' gradients (less "
-        "memory).", OPTIM, shown="the whole batch", check=AT_LEAST_1,
-    )  # fmt: skip
+        None,
+        "Most samples per forward/backward; a larger batch sums slices' gradients (less memory).",
+        OPTIM,
+        shown="the whole batch",
+        check=AT_LEAST_1,
+        refit_own=True,
+    )
     eval_batch: int | None = opt(
-        None, SCORING_BATCH_HELP, DEVICES, shown="2^20", aliases=("--valid_batch_size",), check=AT_LEAST_1,
-    )  # fmt: skip
+        None,
+        SCORING_BATCH_HELP,
+        DEVICES,
+        shown="2^20",
+        aliases=("--valid_batch_size",),
+        check=AT_LEAST_1,
+        refit_own=True,
+    )
     eval_every: int | None = opt(
-        None, "Score validation every K epochs (and the last); the test set only when an epoch "
-        "becomes the run's.", EVAL, shown="1", check=AT_LEAST_1,
-    )  # fmt: skip
+        None,
+        "Score validation every K epochs (and the last); the test set only when an epoch "
+        "becomes the run's.",
+        EVAL,
+        shown="1",
+        check=AT_LEAST_1,
+    )
     select_metric: str | None = opt(
-        None, SELECT_HELP, EVAL, shown="hr@10", check=one_of(SELECT_METRICS)
+        None,
+        SELECT_HELP,
+        EVAL,
+        shown="hr@10",
+        check=one_of(SELECT_METRICS),
+        legacy="hr@10",
+        fixed="it chose the run's best epoch so far",
     )
     # how the data is laid over the ranks, not what is trained: kept out of tunables(); the run
     # records the mode it used (config.json's "shard")
     shard: str = opt(
-        "auto", "users: each rank loads only its buckets of users (about 1/N of the data); none: "
-        "every rank loads all of it; auto: users when all of it would not fit.", DEVICES,
+        "auto",
+        "users: each rank loads only its buckets of users (about 1/N of the data); none: "
+        "every rank loads all of it; auto: users when all of it would not fit.",
+        DEVICES,
         check=one_of(SHARDS),
-    )  # fmt: skip
+    )
+    # last.pt and best.pt always
     keep_checkpoints: int | None = opt(
-        None, "Per-epoch checkpoints kept.", OUTPUT, shown="3", check=AT_LEAST_1
-    )  # last.pt and best.pt always
+        None, "Per-epoch checkpoints kept.", OUTPUT, shown="3", check=AT_LEAST_1, refit_own=True
+    )
+    # ncfcli/rundir/logs.py
     tensorboard: bool = opt(
         False, "Scalars in RUN_DIR/tensorboard (extra: ncfcli\\[tensorboard]).", OUTPUT
-    )  # ncfcli/rundir/logs.py
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)  # each field's own rule (its `check`), the flag in the message
-        if self.layers is not None:
-            if not self.layers or any(n < 1 for n in self.layers):
-                raise NcfError(f"--layers must be positive sizes, got {list(self.layers)}", 2)
-            if self.layers[0] % 2:
-                raise NcfError(f"--layers: the first size must be even, got {self.layers[0]}", 2)
-        baselines.check_options(asdict(self))
+        problem = None if self.layers is None else kinds.layers_problem(self.layers)
+        if problem:
+            raise NcfError(problem, 2)
         if self.resume and self.out is None:
             raise NcfError("--resume needs --out RUN_DIR, the run to continue", exit_code=2)
         if self.resume and self.overwrite:
-            raise NcfError("--resume continues the run in --out, --overwrite replaces it: "
-                           "choose one", exit_code=2)  # fmt: skip
+            raise NcfError(
+                "--resume continues the run in --out, --overwrite replaces it: choose one", 2
+            )
+
+
+# The option policy, as the fields declare it.
+FIXED_ON_RESUME: dict[str, str] = marked(TrainConfig, "fixed")
+# Options added after runs were first saved, with the value that reproduces what such a run
+# did: resuming it keeps that value, not today's default.
+LEGACY: dict[str, Any] = marked(TrainConfig, "legacy")
+# Defaults that need the time order of the training positives: these values without one.
+TIME_DEFAULTS: dict[str, Any] = marked(TrainConfig, "untimed")
+# Of those, the ones the validation probe (recency.probe) also keeps on or turns off.
+PROBED = tuple(marked(TrainConfig, "probed"))
+# Options a --refit may set itself.
+REFIT_OWN = tuple(marked(TrainConfig, "refit_own"))
 
 
 # Why a sequence term is not trained under --shard users (train/start.py turns the default off
 # with this note; an explicit --sequence-length is refused, check_launch).
-SHARD_SEQUENCE = ("the sequence term reads every user's latest items on every rank, and --shard "
-                  "users gives each rank only its own users")  # fmt: skip
+SHARD_SEQUENCE = (
+    "the sequence term reads every user's latest items on every rank, and --shard users gives "
+    "each rank only its own users"
+)
 
 
 def check_launch(cfg: TrainConfig, procs: int) -> None:
     """What `ncf train` refuses before it starts `procs` processes: an explicit sequence term
     with --shard users (one process is its own shard, so it trains there)."""
     if procs > 1 and cfg.shard == "users" and cfg.sequence_length:
-        raise NcfError(f"--sequence-length {cfg.sequence_length} with --shard users: "
-                       f"{SHARD_SEQUENCE}; drop --sequence-length (the default turns the term "
-                       "off there), or use --shard none", exit_code=2)  # fmt: skip
+        raise NcfError(
+            f"--sequence-length {cfg.sequence_length} with --shard users: {SHARD_SEQUENCE}; drop "
+            "--sequence-length (the default turns the term off there), or use --shard none",
+            2,
+        )
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -374,20 +506,11 @@ def resolve(
 def batch_lr(
     lr_ref: float, global_batch: int, ref_batch: int, power: float = LR_SCALE_POWER
 ) -> tuple[float, int]:
-    """(lr, warm-up epochs) for `global_batch`, from the lr tuned at `ref_batch`.
-
-    With the epochs fixed, a batch k times the reference takes k times fewer steps of about
-    the same size (Adam's steps do not grow with the batch), so the lr must grow with k: the
-    square-root rule (Malladi et al., 2022) under-trained (HR@10 0.617 against 0.709 at 4x,
-    issue 10). On ml-100k's validation split, NeuMF at 8 negatives did best with lr x k, the
-    default MF at 16 negatives with lr x k^0.75 (linear peaked too early at 2^17), hence
-    LR_SCALE_POWER, up to LR_SCALE_CAP (x16 lost 0.02); it also holds for the 0.2 default (32
-    negatives, recency weights): 2^16 and 2^17 within 0.01 test HR@10 over 3 seeds. With the
-    order term (0.6) the power is LR_SCALE_POWER_ORDER (`power`). A linear
-    warm-up from 0 over LR_WARMUP_EPOCHS (Goyal et al., 2017) is available; with 7 to 26 steps
-    an epoch it cost more than it saved, so it is 0. Smaller batches keep the reference lr. A --lr given by
-    the user bypasses this.
-    """
+    """(lr, warm-up epochs) for `global_batch`, from the lr tuned at `ref_batch`: with the
+    epochs fixed, a batch k times the reference takes k times fewer steps of about the same size
+    (Adam's steps do not grow with the batch), so the lr grows as k ** `power`, up to
+    LR_SCALE_CAP; smaller batches keep the reference lr, and a --lr given bypasses this (the
+    runs that chose the rule: docs/training-defaults.md, "Large batches")."""
     k = global_batch / ref_batch
     if k <= 1:
         return lr_ref, 0

@@ -1,8 +1,7 @@
 """Training defaults by dataset size, torch-free so `ncf train --help` can show them:
 `python -m ncfcli.training.defaults` prints the table.
 
-`ncfcli.training.defaults.size_defaults` is this module's `size_defaults`; ncfcli/training/config.py's docstring
-says how the tiers were chosen.
+How each value was chosen, with the runs: docs/training-defaults.md.
 """
 
 from __future__ import annotations
@@ -25,19 +24,12 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
 )  # fmt: skip
 
 # Sparse data (fewer training positives per user than SPARSE_PER_USER) in the first tier:
-# stronger L2 and more epochs, chosen on the validation split of a sparse synthetic set (9 per
-# user): L2 3e-3 over 1e-3 gave +0.020 sampled and +0.006 full-ranking HR@10 (5e-3 and 1e-2
-# were worse); then L2 4e-3 over 20 epochs beat 3e-3 over 10 by +0.008 on sampled + full HR@10
-# at each of 3 seeds (docs/training-defaults.md).
+# stronger L2 and more epochs (docs/training-defaults.md, "Sparse data").
 SPARSE_PER_USER = 20
 SPARSE: dict[str, Any] = {"l2": 4e-3, "epochs": 20}
 
 # Small data: in the first tier, a default batch halves (down to MIN_BATCH) until an epoch has
-# at least MIN_STEPS_PER_EPOCH steps. Chosen on the validation split of a real sparse set (15%
-# of ml-100k's rows, 8 training items per user, 13k positives): 2^14 gave 27 steps an epoch and
-# under-trained (validation sampled + full HR@10 0.434, 3 seeds), 2^13 / 2^12 / 2^11 (54 / 108
-# / 216 steps) 0.490 / 0.496 / 0.492. ml-100k (197 steps) and the sparse synthetic set (181)
-# keep 2^14 (docs/training-defaults.md).
+# at least MIN_STEPS_PER_EPOCH steps (docs/training-defaults.md, "The small-data batch").
 MIN_STEPS_PER_EPOCH = 100
 MIN_BATCH = 1 << 12
 
@@ -45,21 +37,21 @@ MIN_BATCH = 1 << 12
 BASE: dict[str, Any] = {
     "neg_per_pos": 4, "approx_negatives": False, "seed": 0, "amp": False, "amp_dtype": "auto",
     "tf32": True, "scaling": "strong", "warmup_epochs": None, "eps": 1e-8, "l2": 0.0,
-    "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0, "model": "neumf", "target_hr": None, "eval_batch": 1 << 20,
-    "eval_every": 1, "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
-    "sequence_weight": 1.0,
-    "keep_checkpoints": 3,
+    "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0,
+    "model": "neumf", "target_hr": None, "eval_batch": 1 << 20, "eval_every": 1,
+    "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
+    "sequence_weight": 1.0, "keep_checkpoints": 3,
 }  # fmt: skip
 
-# Past the first tier, the order term where the validation probe (ncfcli/training/recency.py) finds a
-# time signal: Amazon Beauty with the second tier's NeuMF, test HR@10 0.384 without it and 0.411
-# with 64 factors (validation 0.452 and 0.471; docs/training-defaults.md).
+# Past the first tier, the order term where the validation probe (ncfcli/training/recency.py)
+# finds a time signal (docs/training-defaults.md, "The order term past the first column").
 ORDER_FACTORS_ON = 64
 
 # Options whose default depends on the dataset's size (their help says so).
-BY_SIZE = ("model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers",
-           "dropout", "neg_per_pos", "l2", "recency_weight", "order_factors",
-           "sequence_length")  # fmt: skip
+BY_SIZE = (
+    "model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers", "dropout",
+    "neg_per_pos", "l2", "recency_weight", "order_factors", "sequence_length",
+)  # fmt: skip
 
 
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
@@ -98,14 +90,14 @@ def table_text() -> str:
     """The tiers as fixed-width text lines that fit 80 columns (the help's epilog)."""
     rows = [("training positives", *(name for _, name, _ in TIERS))]
     for key in BY_SIZE:
-        rows.append(("--" + key.replace("_", "-"),
-                     *(_show(key, {**BASE, **tier}[key]) for _, _, tier in TIERS)))  # fmt: skip
+        shown = (_show(key, {**BASE, **tier}[key]) for _, _, tier in TIERS)
+        rows.append(("--" + key.replace("_", "-"), *shown))
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     sparse = ", ".join(f"--{k.replace('_', '-')} {_show(k, v)}" for k, v in SPARSE.items())
     lines.append(f"(first column, under {SPARSE_PER_USER} positives per user: {sparse};")
-    lines.append(f" and its batch halves, down to 2^{MIN_BATCH.bit_length() - 1}, until an epoch "
-                 f"has {MIN_STEPS_PER_EPOCH} steps;")  # fmt: skip
+    floor, steps = MIN_BATCH.bit_length() - 1, MIN_STEPS_PER_EPOCH
+    lines.append(f" and its batch halves, down to 2^{floor}, until an epoch has {steps} steps;")
     lines.append(" --recency-weight, --sequence-length only where a validation probe finds a")
     lines.append(" time signal, --order-factors only where the data has a time order, and")
     lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal)")

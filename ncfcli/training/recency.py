@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli.data.xops import to_host
+
 PROBE_Z = 3.0  # one-sided, about a 0.1% chance of turning on where time says nothing
 PROBE_USERS = 2000  # validation users sampled (seeded): enough for z, cheap at ml-20m
 PROBE_MAX_COUSERS = 1000  # other users of the validation item read per sampled user
@@ -68,8 +70,6 @@ def probe(data: Any, xp: Any, seed: int = 0) -> Probe | None:
     ones? None when the dataset cannot say (no validation split or no time order)."""
     if not data.has_validation or data.train_age is None:
         return None
-    from ncfcli.data.xops import to_host
-
     users = to_host(data.train_users, xp)
     items = to_host(data.train_items, xp)
     age = to_host(data.train_age, xp)
@@ -108,5 +108,10 @@ def probe(data: Any, xp: Any, seed: int = 0) -> Probe | None:
     d = np.asarray(diffs)
     se = float(d.std(ddof=1)) / math.sqrt(len(d))
     z = float(d.mean()) / se if se > 0 else 0.0
-    return Probe(z=round(z, 3), mean_difference=float(d.mean()), users=len(d),
-                 threshold=PROBE_Z, on=z >= PROBE_Z)  # fmt: skip
+    return Probe(
+        z=round(z, 3),
+        mean_difference=float(d.mean()),
+        users=len(d),
+        threshold=PROBE_Z,
+        on=z >= PROBE_Z,
+    )

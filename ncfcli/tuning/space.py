@@ -3,8 +3,7 @@
 Each setting is named after its kind (`neumf.lr`, `als.als_reg`), so the sampler (TPE, in
 groups) learns each kind's space apart, and the importances are read per kind. A setting the
 dataset cannot use is not searched: the order term, the sequence term and the recency weight
-need a time order
-(`ncf prepare --split time`), and a batch never leaves fewer than MIN_STEPS steps an epoch.
+need a time order (`ncf prepare --split time`), and a batch never leaves fewer than MIN_STEPS steps an epoch.
 """
 
 from __future__ import annotations
@@ -12,11 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-NCF_KINDS = ("mf", "neumf", "gmf", "mlp")
+from ncfcli.model import kinds
+from ncfcli.training.defaults import size_defaults
+
 FACTORS = (16, 32, 64, 128, 256)
 LAYERS = {"small": (64, 32, 16), "medium": (128, 64, 32), "large": (256, 128, 64)}
 ORDER_FACTORS = (0, 32, 64, 128)
 SEQUENCE_LENGTHS = (0, 10, 20, 50)
+RECENCY_WEIGHTS = (0.0, 4.0, 16.0, 64.0)
 MIN_STEPS = 50  # steps an epoch, at least, for the largest batch a trial may draw
 
 
@@ -26,11 +28,11 @@ def _max_log2_batch(n_train: int) -> int:
     return max(10, min(18, int(math.log2(max(1, n_train * 9 // MIN_STEPS)))))
 
 
-def suggest(trial: Any, kinds: tuple[str, ...], meta: dict[str, Any]) -> dict[str, Any]:
+def suggest(trial: Any, searched: tuple[str, ...], meta: dict[str, Any]) -> dict[str, Any]:
     """The `ncf train` options of this trial (TrainConfig field -> value)."""
-    kind = trial.suggest_categorical("model", list(kinds))
+    kind = trial.suggest_categorical("model", list(searched))
     over: dict[str, Any] = {"model": kind}
-    if kind in NCF_KINDS:
+    if kind in kinds.NCF:
         over.update(_ncf(trial, kind, meta))
     elif kind == "itemknn":
         over["knn_neighbours"] = trial.suggest_int("itemknn.knn_neighbours", 5, 1000, log=True)
@@ -51,20 +53,16 @@ def _ncf(trial: Any, kind: str, meta: dict[str, Any]) -> dict[str, Any]:
         "lr": trial.suggest_float(f"{kind}.lr", 3e-4, 2e-2, log=True),
         "l2": trial.suggest_float(f"{kind}.l2", 1e-6, 3e-2, log=True),
         "neg_per_pos": trial.suggest_int(f"{kind}.neg_per_pos", 1, 32, log=True),
-        "batch_size": 2
-        ** trial.suggest_int(
-            f"{kind}.log2_batch", 10, _max_log2_batch(int(meta["n_train"]))
-        ),  # fmt: skip
     }
-    if kind in ("neumf", "mlp"):
+    most = _max_log2_batch(int(meta["n_train"]))
+    over["batch_size"] = 2 ** trial.suggest_int(f"{kind}.log2_batch", 10, most)
+    if kind in kinds.WITH_MLP:
         over["layers"] = LAYERS[trial.suggest_categorical(f"{kind}.layers", list(LAYERS))]
     if meta.get("train_age"):  # a time order: the sequential terms may help
-        over["order_factors"] = trial.suggest_categorical(f"{kind}.order_factors",
-                                                          list(ORDER_FACTORS))  # fmt: skip
-        over["recency_weight"] = trial.suggest_categorical(f"{kind}.recency_weight",
-                                                           [0.0, 4.0, 16.0, 64.0])  # fmt: skip
-        over["sequence_length"] = trial.suggest_categorical(f"{kind}.sequence_length",
-                                                            list(SEQUENCE_LENGTHS))  # fmt: skip
+        pick = trial.suggest_categorical
+        over["order_factors"] = pick(f"{kind}.order_factors", list(ORDER_FACTORS))
+        over["recency_weight"] = pick(f"{kind}.recency_weight", list(RECENCY_WEIGHTS))
+        over["sequence_length"] = pick(f"{kind}.sequence_length", list(SEQUENCE_LENGTHS))
     else:
         over["order_factors"], over["recency_weight"], over["sequence_length"] = 0, 0.0, 0
     return over
@@ -78,15 +76,13 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def default_params(kinds: tuple[str, ...], meta: dict[str, Any]) -> dict[str, Any] | None:
+def default_params(searched: tuple[str, ...], meta: dict[str, Any]) -> dict[str, Any] | None:
     """The size tier's defaults (`ncf train` with no flags) as this space's parameters, clamped
     into its ranges: the first trial of a new study, so the search starts from the default and
     never chooses worse on validation. None when the default's kind is not searched."""
-    from ncfcli.training.defaults import size_defaults
-
     d = size_defaults(int(meta["n_train"]), int(meta["n_users"]))
     kind = d["model"]
-    if kind not in kinds or kind not in NCF_KINDS:
+    if kind not in searched or kind not in kinds.NCF:
         return None
 
     def near(value: float, choices: tuple[Any, ...]) -> Any:
@@ -100,18 +96,18 @@ def default_params(kinds: tuple[str, ...], meta: dict[str, Any]) -> dict[str, An
         f"{kind}.lr": min(max(float(d["lr"]), 3e-4), 2e-2),
         f"{kind}.l2": min(max(float(d["l2"]), 1e-6), 3e-2),
         f"{kind}.neg_per_pos": min(max(int(d["neg_per_pos"]), 1), 32),
-        f"{kind}.log2_batch": min(max(int(d["batch_size"]).bit_length() - 1, 10),
-                                  _max_log2_batch(int(meta["n_train"]))),
-    }  # fmt: skip
-    if kind in ("neumf", "mlp"):
+        f"{kind}.log2_batch": min(
+            max(int(d["batch_size"]).bit_length() - 1, 10), _max_log2_batch(int(meta["n_train"]))
+        ),
+    }
+    if kind in kinds.WITH_MLP:
         layers = tuple(d["layers"])
         params[f"{kind}.layers"] = next((k for k, v in LAYERS.items() if v == layers), "medium")
     if meta.get("train_age"):
-        params[f"{kind}.order_factors"] = near(d["order_factors"] or 1e-9, ORDER_FACTORS[1:]) if d[
-            "order_factors"] else 0  # fmt: skip
-        weights = (0.0, 4.0, 16.0, 64.0)
+        order = d["order_factors"]
+        params[f"{kind}.order_factors"] = near(order or 1e-9, ORDER_FACTORS[1:]) if order else 0
         rw = float(d["recency_weight"])
-        params[f"{kind}.recency_weight"] = min(weights, key=lambda w: abs(w - rw))
+        params[f"{kind}.recency_weight"] = min(RECENCY_WEIGHTS, key=lambda w: abs(w - rw))
         length = int(d["sequence_length"])
         params[f"{kind}.sequence_length"] = min(SEQUENCE_LENGTHS, key=lambda n: abs(n - length))
     return params
