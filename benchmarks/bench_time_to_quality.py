@@ -233,26 +233,25 @@ def profile_one(
     timers.wrap(loop, "load_shard", "load")
     timers.wrap(loop, "start", "start")
     timers.wrap(recency, "probe", "probe")
-    timers.wrap(start_module, "_sequences", "windows")
-    timers.wrap(loop, "_build_epoch", thread("samples"))
+    timers.wrap(start_module, "sequence_inputs", "windows")
+    timers.wrap(loop, "build_epoch", thread("samples"))
     timers.wrap(NegativeSampler, "_draw_items", thread("negatives"))
-    timers.wrap(loop, "_steps", "steps")
+    timers.wrap(loop, "epoch_steps", "steps")
     timers.wrap(SequenceBatches, "step", "seq batches")
-    timers.wrap(optim._CpuAdam, "step", "adam")
+    timers.wrap(optim.CpuAdam, "step", "adam")
     timers.wrap(NCF, "calibrate", "calibrate")
     timers.wrap(evaluation, "score_split", lambda *a, **k: f"eval {a[2]}")
     timers.wrap(loop, "save_epoch", "save")
-    timers.wrap(loop, "_save_curves", "curves")
+    timers.wrap(loop, "save_curves", "curves")
 
-    def step_gradients(ddp: Any, model: Any, users: Any, items: Any, labels: Any, weights: Any,
-                       prev: Any, cfg: Any, amp_ctx: Any, scaler: Any, seqs: Any = None) -> Any:  # fmt: skip
-        """The one-slice step of optim._step_gradients, each half timed: the kind's loss and the
+    def step_gradients(stepper: Any, batch: Any, seqs: Any = None) -> Any:
+        """The one-slice step of optim.step_gradients, each half timed: the kind's loss and the
         term's read disjoint parameters, so two backward passes give the one pass's gradients."""
-        n = labels.shape[0]
-        assert not cfg.micro_batch or cfg.micro_batch >= n, "--profile times unsliced steps"
+        n = batch.labels.shape[0]
+        assert not stepper.micro_batch or stepper.micro_batch >= n, "--profile times unsliced steps"
+        amp_ctx, scaler, model = stepper.amp_ctx, stepper.scaler, stepper.model
         with timers("kind forward"), amp_ctx():
-            loss = optim._slice_loss(ddp, model, users, items, labels, weights, prev,
-                                     float(cfg.l2 or 0.0), n)  # fmt: skip
+            loss = optim.slice_loss(stepper, batch, n)
         with timers("kind backward"):
             scaler.scale(loss).backward()
         if seqs is not None:
@@ -262,7 +261,7 @@ def profile_one(
                 scaler.scale(extra).backward()
         return loss.detach()
 
-    loop._step_gradients = step_gradients  # type: ignore[assignment]
+    loop.step_gradients = step_gradients  # type: ignore[assignment]
     # On the CPU: the timers read the host clock, which a GPU's queued kernels would not stop.
     sys.argv = ["ncf", "train", data, "--epochs", str(epochs), "--out", out, "--device", "cpu",
                 "-q", *ncf_args]  # fmt: skip

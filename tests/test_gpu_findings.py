@@ -158,7 +158,7 @@ def test_f9_synchronize_stream_waits_on_the_current_stream_only(
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: calls.append(device)
                         or Stream())  # fmt: skip
-    monkeypatch.setattr(backend_mod, "_cupy", lambda: pytest.fail("a device-wide CuPy sync"))
+    monkeypatch.setattr(backend_mod, "cupy_module", lambda: pytest.fail("a device-wide CuPy sync"))
     Backend("cuda", np, 1).synchronize_stream()
     assert calls == [1, "stream"]
 
@@ -307,7 +307,7 @@ def test_f7_device_out_of_memory_is_told_from_the_hosts() -> None:
     ]
     for error, device in cases:
         assert is_device_oom(error) is device, error
-        assert train_device._is_oom(error) is device, error
+        assert train_device.is_oom(error) is device, error
 
 
 def test_f7_train_gives_the_memory_hint_for_rmms_error(
@@ -316,7 +316,7 @@ def test_f7_train_gives_the_memory_hint_for_rmms_error(
     def rmm_fails(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError(RMM_OOM)
 
-    monkeypatch.setattr(train_loop, "_train", rmm_fails)
+    monkeypatch.setattr(train_loop, "run_training", rmm_fails)
     with pytest.raises(NcfError, match="out of GPU memory on cpu: add --micro-batch"):
         ncfcli.train(prepared_dir, tmp_path / "run", device="cpu", epochs=1)
 

@@ -137,13 +137,13 @@ def test_warmup_ramps_the_lr_from_its_first_step(
     from ncfcli.training import optim as train_optim
 
     trace: list[float] = []
-    real_step = train_optim._CpuAdam.step
+    real_step = train_optim.CpuAdam.step
 
     def record(self: Any) -> None:
         trace.append(self.param_groups[0]["lr"])
         real_step(self)
 
-    monkeypatch.setattr(train_optim._CpuAdam, "step", record)
+    monkeypatch.setattr(train_optim.CpuAdam, "step", record)
     lr, batch, neg = 0.01, 4096, 4
     run = tmp_path / "warm"
     args = ["train", str(prepared_dir), "--out", str(run), "--device", "cpu", "--epochs", "2",

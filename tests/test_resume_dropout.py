@@ -66,13 +66,13 @@ def test_dropout_masks_are_a_function_of_the_step() -> None:
     """The same (seed, epoch, rank, step) gives the same masks whatever ran before, and
     another step gives other masks."""
     drop, x, cpu = torch.nn.Dropout(0.5), torch.ones(1000), torch.device("cpu")
-    base = train_optim._seed_for(7, 2, 0)  # seed 7, epoch 2, rank 0
-    train_optim._seed_dropout(cpu, base, 5)
+    base = train_optim.seed_for(7, 2, 0)  # seed 7, epoch 2, rank 0
+    train_optim.seed_dropout(cpu, base, 5)
     first = drop(x)
     torch.rand(123)  # anything drawn in between
-    train_optim._seed_dropout(cpu, base, 5)
+    train_optim.seed_dropout(cpu, base, 5)
     assert torch.equal(drop(x), first)
-    train_optim._seed_dropout(cpu, base, 6)
+    train_optim.seed_dropout(cpu, base, 6)
     assert not torch.equal(drop(x), first)
-    train_optim._seed_dropout(cpu, train_optim._seed_for(7, 2, 1), 5)  # another rank
+    train_optim.seed_dropout(cpu, train_optim.seed_for(7, 2, 1), 5)  # another rank
     assert not torch.equal(drop(x), first)

@@ -160,12 +160,12 @@ def _seq_model(n_users: int, n_items: int) -> Any:
 def test_a_training_step_with_the_term_syncs_nothing_with_the_host(
     batches: SequenceBatches,
 ) -> None:
-    """The whole step as the loop takes it (optim._step_gradients: the kind's pointwise loss
+    """The whole step as the loop takes it (optim.step_gradients: the kind's pointwise loss
     with its L2, and the term's loss on the step's sequences), 5 steps of an epoch."""
     import contextlib
 
     from ncfcli.training.config import TrainConfig
-    from ncfcli.training.optim import _step_gradients
+    from ncfcli.training.optim import Batch, Stepper, step_gradients
 
     model = _seq_model(batches.n_users, batches.n_items).train()
     g = torch.Generator().manual_seed(0)
@@ -180,8 +180,8 @@ def test_a_training_step_with_the_term_syncs_nothing_with_the_host(
     for step in range(5):
         with copies, syncs:
             seqs = batches.step(1, step, 5)
-            _step_gradients(model, model, users, items, labels, None, prev, cfg,
-                            contextlib.nullcontext, scaler, seqs)  # fmt: skip
+            stepper = Stepper(model, model, contextlib.nullcontext, scaler, float(cfg.l2 or 0.0))
+            step_gradients(stepper, Batch(users, items, labels, None, prev), seqs)
     assert syncs.seen == [] and copies.seen == [], (syncs.seen, copies.seen)
     assert model.sequence.item.weight.grad.abs().sum() > 0  # the term trained too
 
@@ -349,12 +349,12 @@ def test_the_cap_is_the_longest_history_exactly(eras: Path) -> None:
 def test_a_resume_keeps_its_window_only_where_it_was_capped(eras: Path) -> None:
     """--resume with the window a capped run was asked for is no change; any other longer
     window is one (a run that trained at 8 of the 10 items is not 'capped' at 9)."""
-    from ncfcli.training.start import _as_capped
+    from ncfcli.training.start import as_capped
 
     data = load_prepared(eras, CPU)
-    assert _as_capped(100000, {"sequence_length": 10}, data, CPU) == 10
-    assert _as_capped(9, {"sequence_length": 8}, data, CPU) == 9
-    assert _as_capped(5, {"sequence_length": 10}, data, CPU) == 5
+    assert as_capped(100000, {"sequence_length": 10}, data, CPU) == 10
+    assert as_capped(9, {"sequence_length": 8}, data, CPU) == 9
+    assert as_capped(5, {"sequence_length": 10}, data, CPU) == 5
 
 
 def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(
@@ -368,16 +368,16 @@ def test_a_run_that_fails_in_its_first_epoch_leaves_nothing_behind(
 
     run = tmp_path / "run"
     flags = ["--sequence-length", "4", "--epochs", "1", "--out", run, "--device", "cpu", "-q"]
-    real = loop._steps
+    real = loop.epoch_steps
 
     def fails(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the device fell over")
 
-    monkeypatch.setattr(loop, "_steps", fails)
+    monkeypatch.setattr(loop, "epoch_steps", fails)
     res = ncf("train", eras, *flags)
     assert res.exit_code != 0 and isinstance(res.exception, RuntimeError)
     assert not run.exists()
-    monkeypatch.setattr(loop, "_steps", real)
+    monkeypatch.setattr(loop, "epoch_steps", real)
     assert ncf("train", eras, *flags).exit_code == 0  # and again: it was written whole
     (run / "checkpoints" / "last.pt").unlink()  # a run killed before its first checkpoint
     (run / "best.pt").unlink()

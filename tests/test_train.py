@@ -293,7 +293,7 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout(scales: tuple[f
     ref_w = [w.detach().clone().requires_grad_(True) for w in ours_w]
     split = [ours_w] if len(scales) == 1 else [ours_w[:1], ours_w[1:]]
     ref_split = [ref_w] if len(scales) == 1 else [ref_w[:1], ref_w[1:]]
-    ours = train_optim._CpuAdam(list(zip(split, scales, strict=True)), lr=0.01, betas=(0.25, 0.5),
+    ours = train_optim.CpuAdam(list(zip(split, scales, strict=True)), lr=0.01, betas=(0.25, 0.5),
                                 eps=1e-8)  # fmt: skip
     ref = torch.optim.Adam([{"params": ws, "lr": 0.01 * k, "lr_scale": k}
                             for ws, k in zip(ref_split, scales, strict=True)],
@@ -307,7 +307,7 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout(scales: tuple[f
         torch.testing.assert_close(a, b)
     # Checkpoints move between CPU (ours) and GPU (torch's) runs: each loads the other's state.
     ref.load_state_dict(ours.state_dict())
-    again = train_optim._CpuAdam(list(zip(split, scales, strict=True)), lr=0.5, betas=(0.9, 0.9),
+    again = train_optim.CpuAdam(list(zip(split, scales, strict=True)), lr=0.5, betas=(0.9, 0.9),
                                  eps=1.0)  # fmt: skip
     again.load_state_dict(ref.state_dict())
     assert [g["lr"] for g in again.param_groups] == [0.01 * k for k in scales]
@@ -317,10 +317,10 @@ def test_cpu_adam_matches_torch_adam_and_shares_its_state_layout(scales: tuple[f
 
 def test_lr_decay_schedules_fall_from_the_lr_to_zero() -> None:
     for kind in ("linear", "cosine"):
-        assert train_optim._decay(kind, 0.0) == pytest.approx(1.0)
-        assert train_optim._decay(kind, 0.5) == pytest.approx(0.5)
-        assert train_optim._decay(kind, 1.0) == pytest.approx(0.0, abs=1e-12)
-    assert train_optim._decay("cosine", 0.25) > train_optim._decay("linear", 0.25)
+        assert train_optim.decay(kind, 0.0) == pytest.approx(1.0)
+        assert train_optim.decay(kind, 0.5) == pytest.approx(0.5)
+        assert train_optim.decay(kind, 1.0) == pytest.approx(0.0, abs=1e-12)
+    assert train_optim.decay("cosine", 0.25) > train_optim.decay("linear", 0.25)
 
 
 def test_lr_decay_run_resumes_exactly(

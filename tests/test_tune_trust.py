@@ -159,7 +159,7 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
         if how == "KeyboardInterrupt":
             raise KeyboardInterrupt
         if how.startswith("a Ctrl-C while"):  # the loop's handler holds it; on_epoch comes next
-            with loop._Interrupt() as held:
+            with loop.Interrupt() as held:
                 held.requested = True
                 if kwargs["on_epoch"](1, {"validation": {"hr@10": 0.5, "ndcg@10": 0.3}}):
                     raise AssertionError("the trial went on past a Ctrl-C")

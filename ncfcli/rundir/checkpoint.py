@@ -16,7 +16,7 @@ A checkpoint is a dict of tensors and primitives only, so it loads with
     optimizer       optimizer state_dict (absent in best.pt)
     scaler          GradScaler state_dict or None
                     (no RNG state: each epoch's samples are a function of (seed, epoch), see
-                    data/batches.py, and dropout's of (seed, epoch, rank, step), train/optim.py)
+                    data/batches.py, and dropout's of (seed, epoch, rank, step), training/optim.py)
     history         list of per-epoch metric dicts
     best            {"epoch": int, "hr@10": float, "ndcg@10": float} or None
     resumes         [{"epoch", "step", "changed": {option: [old, new]}}], one per --resume
@@ -44,17 +44,13 @@ import torch
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, read_marker
+from ncfcli.model import baselines
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import NCF, build_model
+from ncfcli.rundir.files import BEST, CKPT_DIR, CONFIG, LAST
 
 FORMAT_VERSION = 1
 KIND = "ncfcli-checkpoint"
-CONFIG = "config.json"
-BEST = "best.pt"
-LAST = "last.pt"
-CKPT_DIR = "checkpoints"
-METRICS = "metrics.jsonl"
-CURVES = "curves.png"
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
@@ -88,8 +84,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> dict[
 
 
 def model_from_checkpoint(state: dict[str, Any], device: str = "cpu") -> NCF:
-    from ncfcli.model import baselines
-
     try:
         if state["model_config"].get("kind") in baselines.KINDS:
             # A fitted baseline: its state is the tensors themselves (ncfcli/model/baselines.py).
@@ -139,8 +133,10 @@ def find_checkpoint(run_dir: str | os.PathLike, which: str = "best") -> Path:
     if not run_dir.is_dir():
         raise NcfError(f"run directory {run_dir} does not exist")
     if (run_dir / "meta.json").is_file() and not (run_dir / CONFIG).is_file():
-        raise NcfError(f"{run_dir} is a prepared dataset, not a run; train on it first: "
-                       f"ncf train {run_dir} --out RUN_DIR")  # fmt: skip
+        raise NcfError(
+            f"{run_dir} is a prepared dataset, not a run; train on it first: "
+            f"ncf train {run_dir} --out RUN_DIR"
+        )
     last = run_dir / CKPT_DIR / LAST
     order = [run_dir / BEST, last] if which == "best" else [last, run_dir / BEST]
     for p in order:
@@ -151,8 +147,10 @@ def find_checkpoint(run_dir: str | os.PathLike, which: str = "best") -> Path:
         chosen = run_dir / "best"
         if chosen.is_dir():
             raise NcfError(f"{run_dir} is an ncf tune directory: use {chosen}")
-        raise NcfError(f"{run_dir} is an ncf tune directory that has not chosen a run yet "
-                       f"({chosen}): run its ncf tune to the end")  # fmt: skip
+        raise NcfError(
+            f"{run_dir} is an ncf tune directory that has not chosen a run yet "
+            f"({chosen}): run its ncf tune to the end"
+        )
     raise NcfError(f"{run_dir} is not a complete run: no {BEST} or {CKPT_DIR}/{LAST}")
 
 

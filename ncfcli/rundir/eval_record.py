@@ -24,14 +24,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-EVAL_JSON = "eval.json"
+from ncfcli.fsutil import atomic_write_text, read_marker, record_written
+from ncfcli.rundir.files import EVAL_JSON
+
 KIND = "ncfcli-eval"
 FORMAT_VERSION = 1
 
 
 def _key(row: dict[str, Any]) -> tuple[str, str, int, str, str]:
-    return (str(row.get("split")), str(row.get("protocol")), int(row.get("k", 0)),
-            str(row.get("fingerprint")), str(row.get("checkpoint")))  # fmt: skip
+    return (
+        str(row.get("split")),
+        str(row.get("protocol")),
+        int(row.get("k", 0)),
+        str(row.get("fingerprint")),
+        str(row.get("checkpoint")),
+    )
 
 
 def rows_for(result: dict[str, Any], protocol: str, run: Any, data: Any) -> list[dict[str, Any]]:
@@ -59,15 +66,13 @@ def rows_for(result: dict[str, Any], protocol: str, run: Any, data: Any) -> list
             "dataset": str(Path(data.path).resolve()),
             "fingerprint": data.fingerprint,
             "evaluated": when,
-        }  # fmt: skip
+        }
         for k in ks
     ]
 
 
 def save(run_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Path | None, str | None]:
     """Merge `rows` into RUN_DIR/eval.json; (its path, None) or (None, why it was not saved)."""
-    from ncfcli.fsutil import atomic_write_text, read_marker, record_written
-
     path = Path(run_dir) / EVAL_JSON
     old: list[dict[str, Any]] = []
     if path.exists():

@@ -6,7 +6,7 @@
   extra: pip install 'ncfcli[tensorboard]');
 - the resolved hyper-parameters, printed on stderr when a run starts (within 80 columns).
 
-train/run.py makes one RunLog per run and calls `epoch(history)` after each epoch; only rank 0
+training/run.py makes one RunLog per run and calls `epoch(history)` after each epoch; only rank 0
 writes or prints.
 """
 
@@ -21,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_write_text
+from ncfcli.fsutil import atomic_write_text, read_marker, write_marker
+from ncfcli.rundir.files import METRICS_CSV, METRICS_JSONL, TENSORBOARD
 
-METRICS_JSONL = "metrics.jsonl"
-METRICS_CSV = "metrics.csv"
-TENSORBOARD = "tensorboard"
 WIDTH = 80
 # Short names for the hyper-parameter line, in the order printed.
 _SHOW = (("model", "model"), ("factors", "factors"), ("layers", "layers"), ("dropout", "dropout"),
@@ -63,15 +61,26 @@ def _value(key: str, v: Any) -> str:
 
 def hyper_text(train: dict[str, Any], world_size: int = 1, device: str = "") -> str:
     """The resolved options as `key value` pairs wrapped within 80 columns."""
-    parts = [f"{short} {_value(key, train[key])}" for key, short in _SHOW
-             if key in train and train[key] is not None]  # fmt: skip
-    parts += [f"{k} {_value(k, v)}" for k, v in train.items()
-              if v is not None and k not in dict(_SHOW) and k != "keep_checkpoints"
-              and not isinstance(v, dict)]  # fmt: skip
+    parts = [
+        f"{short} {_value(key, train[key])}"
+        for key, short in _SHOW
+        if key in train and train[key] is not None
+    ]
+    shown = dict(_SHOW)
+    parts += [
+        f"{k} {_value(k, v)}"
+        for k, v in train.items()
+        if v is not None and k not in shown and k != "keep_checkpoints" and not isinstance(v, dict)
+    ]
     if device:
         parts.append(f"device {device} x {world_size}")
-    return textwrap.fill(", ".join(parts), width=WIDTH, initial_indent="hyper-parameters: ",
-                         subsequent_indent="  ", break_long_words=False)  # fmt: skip
+    return textwrap.fill(
+        ", ".join(parts),
+        width=WIDTH,
+        initial_indent="hyper-parameters: ",
+        subsequent_indent="  ",
+        break_long_words=False,
+    )
 
 
 def flat(row: dict[str, Any], sep: str = ".") -> dict[str, Any]:
@@ -111,8 +120,6 @@ class RunLog:
             check_tensorboard()
             from torch.utils.tensorboard import SummaryWriter
 
-            from ncfcli.fsutil import read_marker, write_marker
-
             folder = self.run_dir / TENSORBOARD
             self.writer = SummaryWriter(str(folder))
             if read_marker(folder) is None:  # ncf's own folder: --overwrite may replace it
@@ -138,7 +145,7 @@ class RunLog:
 
     def chosen(self, history: list[dict[str, Any]], epoch: int) -> None:
         """Rewrite the epoch logs once the chosen `epoch`'s test figures are read, after
-        training (train/loop.py); send those figures to TensorBoard at that epoch."""
+        training (training/loop.py); send those figures to TensorBoard at that epoch."""
         if not self.enabled:
             return
         self._write(history)
@@ -149,8 +156,8 @@ class RunLog:
             self.writer.flush()
 
     def _write(self, history: list[dict[str, Any]]) -> None:
-        atomic_write_text(self.run_dir / METRICS_JSONL,
-                          "".join(json.dumps(h) + "\n" for h in history))  # fmt: skip
+        rows = "".join(json.dumps(h) + "\n" for h in history)
+        atomic_write_text(self.run_dir / METRICS_JSONL, rows)
         atomic_write_text(self.run_dir / METRICS_CSV, csv_text(history))
 
     def close(self) -> None:

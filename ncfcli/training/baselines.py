@@ -1,9 +1,8 @@
 """`--model pop|itemknn|ease|als`: the baselines (ncfcli/model/baselines.py) fitted once, evaluated
-like an NCF epoch, and written as a normal run directory (`_fit_baseline`)."""
+like an NCF epoch, and written as a normal run directory (`fit_baseline`)."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -12,22 +11,16 @@ from typing import Any
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_write_text, remove_output, write_marker
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.model import baselines
-from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.model.config import no_terms
+from ncfcli.rundir import record
 from ncfcli.rundir.logs import RunLog
-from ncfcli.scoring.metrics import TIE_RULE, full_split
+from ncfcli.scoring.metrics import full_split
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig, selection_key, tunables
 from ncfcli.training.defaults import BASE
-from ncfcli.training.run import (
-    RUN_ENTRIES,
-    TrainResult,
-    _write_checkpoint,
-    check_run_dir,
-    describe_dataset,
-)
+from ncfcli.training.run import TrainResult, describe_dataset
 from ncfcli.training.start import check_ages
 from ncfcli.training.validation import KS, evaluate_split, needs_full, selecting_split
 
@@ -68,8 +61,9 @@ class _Fit:
     eval_batch: int
     metric: str = "hr@10"  # --select-metric: what chooses the grid point
 
-    def choose(self, opts: dict[str, Any], grid: list[dict[str, Any]],
-               keep: tuple[str, ...]) -> tuple[Any, ...]:  # fmt: skip
+    def choose(
+        self, opts: dict[str, Any], grid: list[dict[str, Any]], keep: tuple[str, ...]
+    ) -> tuple[Any, ...]:
         """Fit each grid point (one: the given values, without a grid) and keep validation's
         choice: (values, BaselineConfig, model, fit seconds, scores, the points tried)."""
         data = self.data
@@ -82,10 +76,14 @@ class _Fit:
         best: tuple[Any, ...] | None = None
         for point in grid:
             values = {**opts, **point}
-            bcfg = baselines.BaselineConfig(self.kind, data.n_users, data.n_items,
-                                            **{k: values[k] for k in keep},
-                                            recency_weight=self.recency[0],
-                                            recency_span=self.recency[1])  # fmt: skip
+            bcfg = baselines.BaselineConfig(
+                self.kind,
+                data.n_users,
+                data.n_items,
+                **{k: values[k] for k in keep},
+                recency_weight=self.recency[0],
+                recency_span=self.recency[1],
+            )
             model, seconds = baselines.fit(bcfg, data, self.backend, self.seed, self.pos_weight)
             scores = {chosen_by: evaluate_split(model, held, self.env, self.eval_batch, full)}
             if len(grid) > 1:
@@ -97,7 +95,7 @@ class _Fit:
         return (*best[1:], tried)
 
 
-def _fit_baseline(
+def fit_baseline(
     cfg: TrainConfig,
     data: PreparedData,
     env: DistEnv,
@@ -114,29 +112,18 @@ def _fit_baseline(
         raise NcfError(f"--model {kind} is fitted in one go; there is nothing to --resume")
     if env.world_size > 1:
         raise NcfError(f"--model {kind} fits in one process; drop --nproc/--gpus")
-    replace_run = check_run_dir(run_dir, cfg)
+    replace_run = record.check_run_dir(run_dir, cfg.overwrite, cfg.data_dir)
     given = {k: getattr(cfg, k) for k in baselines.DEFAULTS if getattr(cfg, k) is not None}
     opts = {**baselines.DEFAULTS, **given} if kind in ("als", "ease", "itemknn") else {}
-    # The baselines are the classic models: no recency weight unless given (ALS takes one).
-    r_weight = float(cfg.recency_weight or 0.0)
-    r_span = float(cfg.recency_span or BASE["recency_span"])
-    if r_weight and kind != "als":
-        raise NcfError(f"--recency-weight applies to the NCF models and --model als, "
-                       f"not --model {kind}", exit_code=2)  # fmt: skip
-    if r_weight:
-        check_ages(cfg, data, "--recency-weight")
-    if cfg.order_factors:
-        raise NcfError(f"--order-factors applies to the NCF models, not --model {kind}",
-                       exit_code=2)  # fmt: skip
+    r_weight, r_span = _recency(cfg, data, kind)
     keep = KEEP.get(kind, ())
     seed = cfg.seed or 0
     eval_batch = int(cfg.eval_batch or BASE["eval_batch"])  # not resolve()d: no epochs to size
-    keep_checkpoints = int(cfg.keep_checkpoints or BASE["keep_checkpoints"])
     pos_weight = None
     if r_weight:
-        pos_weight = recency.recency_weights(data.train_age, r_weight, r_span, backend.xp,
-                                             data.train_users, data.n_users)  # fmt: skip
-    select = selecting_split(data)
+        pos_weight = recency.recency_weights(
+            data.train_age, r_weight, r_span, backend.xp, data.train_users, data.n_users
+        )
     grid = validation_grid(kind, given) if data.has_validation else [{}]
     metric = str(cfg.select_metric or BASE["select_metric"])
     fit = _Fit(kind, data, backend, env, seed, pos_weight, (r_weight, r_span), eval_batch, metric)
@@ -144,36 +131,82 @@ def _fit_baseline(
     if "test" not in scores and score_test:  # read once, for the chosen values only
         held = tuple(backend.to_torch(a) for a in data.held_out("test", backend.xp))
         scores["test"] = evaluate_split(model, held, env, eval_batch)
-    cfg = replace(cfg, seed=seed, recency_weight=r_weight, recency_span=r_span,
-                  select_metric=metric, **{k: values[k] for k in keep})  # fmt: skip
-    record = {"epoch": 1, "loss": None, "validation": scores.get("validation"),
-              "test": scores.get("test"), "train_seconds": fit_seconds,
-              "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9)}  # fmt: skip
+    cfg = replace(
+        cfg,
+        seed=seed,
+        recency_weight=r_weight,
+        recency_span=r_span,
+        select_metric=metric,
+        **{k: values[k] for k in keep},
+    )
+    row = {
+        "epoch": 1,
+        "loss": None,
+        "validation": scores.get("validation"),
+        "test": scores.get("test"),
+        "train_seconds": fit_seconds,
+        "samples_per_second": data.train_users.shape[0] / max(fit_seconds, 1e-9),
+    }
+    select = selecting_split(data)
     best = {"epoch": 1, "selected_by": select, "test": None, **scores}
-    dataset_info = describe_dataset(cfg, data)
-    if replace_run:
-        remove_output(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_marker(run_dir, "run", RUN_ENTRIES)
-    config = {"model": bcfg.to_dict(), "train": tunables(cfg), "dataset": dataset_info,
-              "world_size": 1, "device": backend.describe(),
-              "metrics": {"ks": list(KS), "tie_rule": TIE_RULE}}  # fmt: skip
-    if tried:
-        config["validation_grid"] = tried
-    atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
-    state = {"model_config": bcfg.to_dict(), "train_config": tunables(cfg), "dataset": dataset_info,
-             "epoch": 1, "step": 0, "world_size": 1, "model": model.state_dict(),
-             "history": [record], "best": best}  # fmt: skip
-    _write_checkpoint(run_dir, state, 1, keep_checkpoints)
-    ckpt.save_checkpoint(run_dir / ckpt.BEST, state)
-    with RunLog(run_dir, tensorboard=cfg.tensorboard) as run_log:
-        run_log.epoch([record])
+    head = record.RunHead(bcfg.to_dict(), tunables(cfg), describe_dataset(cfg, data), 1)
+    extra = {"validation_grid": tried} if tried else {}
+    state = record.checkpoint_dict(head, 1, model.state_dict(), [row], best)
+    _write_run(
+        run_dir, replace_run, record.config_json(head, backend.describe(), KS, extra), state, cfg
+    )
     return TrainResult(
-        run_dir=str(run_dir), epochs=1, best_epoch=1,
+        run_dir=str(run_dir),
+        epochs=1,
+        best_epoch=1,
         metrics=dict(scores["test"]) if "test" in scores else None,
-        validation=scores.get("validation"), selected_by=select,
+        validation=scores.get("validation"),
+        selected_by=select,
         dataset_split=data.split_method,
-        samples_per_second=record["samples_per_second"], seconds=time.perf_counter() - t_start,
-        trained_epochs=1, stopped_early=False, parameters=0, device=backend.describe(),
-        world_size=1, select_metric=metric,
-    )  # fmt: skip
+        samples_per_second=row["samples_per_second"],
+        seconds=time.perf_counter() - t_start,
+        trained_epochs=1,
+        stopped_early=False,
+        parameters=0,
+        device=backend.describe(),
+        world_size=1,
+        terms=no_terms(),
+        select_metric=metric,
+    )
+
+
+def _recency(cfg: TrainConfig, data: PreparedData, kind: str) -> tuple[float, float]:
+    """The recency weight and span the baseline fits with: none unless given (the baselines are
+    the classic models; only ALS takes one); the NCF terms are refused."""
+    r_weight = float(cfg.recency_weight or 0.0)
+    r_span = float(cfg.recency_span or BASE["recency_span"])
+    if r_weight and kind != "als":
+        raise NcfError(
+            f"--recency-weight applies to the NCF models and --model als, not --model {kind}",
+            exit_code=2,
+        )
+    if r_weight:
+        check_ages(cfg, data, "--recency-weight")
+    if cfg.order_factors:
+        raise NcfError(
+            f"--order-factors applies to the NCF models, not --model {kind}", exit_code=2
+        )
+    return r_weight, r_span
+
+
+def _write_run(
+    run_dir: Path,
+    replace_run: bool,
+    config: dict[str, Any],
+    state: dict[str, Any],
+    cfg: TrainConfig,
+) -> None:
+    """The baseline's run directory, as an NCF run's after one epoch: config.json, its
+    checkpoint (last.pt, epoch_0001.pt and best.pt) and its metrics row."""
+    record.make_run_dir(run_dir, replace_run)
+    record.write_config(run_dir, config)
+    keep_checkpoints = int(cfg.keep_checkpoints or BASE["keep_checkpoints"])
+    record.write_checkpoint(run_dir, state, 1, keep_checkpoints)
+    record.save_best(run_dir, state)
+    with RunLog(run_dir, tensorboard=cfg.tensorboard) as run_log:
+        run_log.epoch(state["history"])

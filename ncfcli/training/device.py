@@ -1,6 +1,6 @@
 """The device's settings for a run: TF32 and mixed precision (`set_precision`), restored on exit
-(`_tf32_restored`), the CPU's thread count (`set_threads`), and what counts as running out of
-GPU memory (`_is_oom`).
+(`tf32_restored`), the CPU's thread count (`set_threads`), and what counts as running out of
+GPU memory (`is_oom`).
 
 On the CPU the steps run on the remaining cores (one below a batch of CPU_ONE_THREAD_BELOW
 rows); OMP_NUM_THREADS overrides the thread count.
@@ -24,19 +24,22 @@ from ncfcli.training.config import TrainConfig
 CPU_ONE_THREAD_BELOW = 8192
 
 
-def _is_oom(e: BaseException) -> bool:
+def is_oom(e: BaseException) -> bool:
     """torch's, CuPy's or RMM's out-of-GPU-memory error (ncfcli.errors.is_device_oom)."""
     return isinstance(e, torch.OutOfMemoryError) or is_device_oom(e)
 
 
 # torch's process-wide TF32 switches (the legacy ones, then torch >= 2.9's finer ones).
 _TF32_LEGACY = (("cuda.matmul", "allow_tf32"), ("cudnn", "allow_tf32"))
-_TF32_FINE = (("cuda.matmul", "fp32_precision"), ("cudnn.conv", "fp32_precision"),
-              ("cudnn.rnn", "fp32_precision"))  # fmt: skip
+_TF32_FINE = (
+    ("cuda.matmul", "fp32_precision"),
+    ("cudnn.conv", "fp32_precision"),
+    ("cudnn.rnn", "fp32_precision"),
+)
 
 
 @contextlib.contextmanager
-def _tf32_restored() -> Any:
+def tf32_restored() -> Any:
     """Put torch's TF32 settings back as they were on exit.
 
     `train` sets them for its run; without this a later `evaluate` or `recommend` in the same
@@ -77,7 +80,7 @@ def _tf32_restored() -> Any:
 def set_precision(cfg: TrainConfig, backend: Backend) -> torch.dtype | None:
     """Apply --tf32, and return the autocast dtype of --amp (None without it)."""
     # cuBLAS's and cuDNN's switches: on a CPU they change no kernel, and setting them on every
-    # device keeps one path, which `train` restores on exit (_tf32_restored).
+    # device keeps one path, which `train` restores on exit (tf32_restored).
     torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
     torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
     amp_dtype = None

@@ -1,11 +1,12 @@
 """Train an NCF model on a prepared dataset: `ncf train DATA_DIR [--out RUN_DIR]`.
 
-`_train` below is the whole recipe, top to bottom: the run's start (start.py: resumed or new,
-the resolved options, the model and Adam, the data on the device), the run directory (run.py),
-then per epoch: fresh negatives (ncfcli.data.batches), the steps (`_steps`; optim.py computes
-each), HR@10 and NDCG@10 on the validation set (evaluation.py), and a checkpoint; after the
-last, the test set once, from the chosen epoch's weights (`_score_chosen`). Nothing hides in
-callbacks. `train` around it sets up the device and the process group.
+`run_training` below is the whole recipe, top to bottom: the run's start (start.py: resumed or
+new, the resolved options, the model and Adam, the data on the device), the run directory
+(run.py), then per epoch: fresh negatives (ncfcli.data.batches), the steps (`epoch_steps`;
+optim.py computes each), HR@10 and NDCG@10 on the validation set (validation.py), and a
+checkpoint; after the last, the test set once, from the chosen epoch's weights
+(`_score_chosen`). Nothing hides in callbacks. `train` around it sets up the device and the
+process group.
 
 The next epoch's samples are built on a second thread while the current one trains (on a GPU,
 on a CUDA stream of its own). A first Ctrl-C stops after the current step and saves it in
@@ -37,19 +38,19 @@ from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.model import baselines
-from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.rundir.checkpoint import load_checkpoint
+from ncfcli.rundir.files import BEST, CKPT_DIR, CURVES, LAST
 from ncfcli.rundir.logs import RunLog
+from ncfcli.rundir.record import import_plotting, save_curves
 from ncfcli.training import validation as evaluation
-from ncfcli.training.baselines import _fit_baseline
+from ncfcli.training.baselines import fit_baseline
 from ncfcli.training.config import TrainConfig
-from ncfcli.training.device import _is_oom, _tf32_restored
-from ncfcli.training.optim import _seed_dropout, _seed_for, _step_gradients, lr_at
-from ncfcli.training.refit import _refit_settings
+from ncfcli.training.device import is_oom, tf32_restored
+from ncfcli.training.optim import Batch, Stepper, lr_at, seed_dropout, seed_for, step_gradients
+from ncfcli.training.refit import refit_settings
 from ncfcli.training.run import (
     TrainResult,
-    _save_curves,
     default_run_dir,
-    import_plotting,
     open_run_dir,
     record_test,
     removed_if_unfinished,
@@ -79,16 +80,17 @@ def train(
     env = env or dist_env.env_from_environ()
     backend = get_backend(cfg.device, env.local_rank)
     dist_env.init(env, backend.torch_device)
-    threads = torch.get_num_threads()  # _train may lower it for small CPU batches
+    threads = torch.get_num_threads()  # run_training may lower it for small CPU batches
     try:
-        with _tf32_restored():
-            result = _train(cfg, progress, env, backend, t_start, _Hooks(on_epoch, score_test))
+        with tf32_restored():
+            hooks = Hooks(on_epoch, score_test)
+            result = run_training(cfg, progress, env, backend, t_start, hooks)
         # Every rank reaches the teardown together (the SIGABRT once seen at exit was gloo's
         # threads dropping tensors as the interpreter exited: dist_env.shutdown waits for them).
         dist_env.barrier(env)
         return result
     except Exception as e:
-        if _is_oom(e):
+        if is_oom(e):
             raise NcfError(
                 f"out of GPU memory on {backend.torch_device}: add --micro-batch (the same steps in "
                 "less memory), lower --batch-size, --eval-batch or the model (--factors, --layers), or add --amp"
@@ -100,7 +102,7 @@ def train(
 
 
 @dataclass(frozen=True)
-class _Hooks:
+class Hooks:
     """What a caller of `train` adds to the run: a say after each scored epoch, no test set."""
 
     on_epoch: Callable[[int, dict[str, dict[str, float]]], bool] | None = None
@@ -117,13 +119,13 @@ class _Totals:
     stopped_early: bool = False
 
 
-def _train(
+def run_training(
     cfg: TrainConfig,
     progress: Any,
     env: DistEnv,
     backend: Backend,
     t_start: float,
-    hooks: _Hooks,
+    hooks: Hooks,
 ) -> TrainResult:
     """The run, top to bottom: the dataset (with a --refit's settings and validation merged
     in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
@@ -133,10 +135,10 @@ def _train(
     data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
     if cfg.refit is not None and not cfg.resume:
-        cfg = _refit_settings(cfg, data, env.world_size)
+        cfg = refit_settings(cfg, data, env.world_size)
         data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
-        return _fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
+        return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
     s = start(cfg, data, env, backend, run_dir, layout)  # the resolved options, model, Adam
     cfg = s.cfg
     assert cfg.epochs is not None
@@ -148,7 +150,7 @@ def _train(
     upcoming: Future[Any] | None = None
     with (
         removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
-        _Interrupt() as interrupt,
+        Interrupt() as interrupt,
         progress if progress is not None else _NullProgress() as bar,
         builder,
         run_log,
@@ -157,43 +159,47 @@ def _train(
             backend.synchronize_stream()  # not the side stream building the next epoch
             t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
             batches = (
-                upcoming.result() if upcoming else _build_epoch(s.sampler, epoch, s.local_batch)
+                upcoming.result() if upcoming else build_epoch(s.sampler, epoch, s.local_batch)
             )
             if epoch < cfg.epochs:
-                upcoming = builder.submit(_build_epoch, s.sampler, epoch + 1, s.local_batch)
+                upcoming = builder.submit(build_epoch, s.sampler, epoch + 1, s.local_batch)
             if epoch == s.done + 1 and env.is_main:  # then the builder idles: curves.png's imports
                 builder.submit(import_plotting)
-            ep = _steps(s, batches, epoch, bar, interrupt, check_sync)
+            ep = epoch_steps(s, batches, epoch, bar, interrupt, check_sync)
             backend.synchronize_stream()
             seconds = time.perf_counter() - t0
             totals.seconds += seconds
             done_samples = (ep.n_steps - ep.first) * s.local_batch * env.world_size
             totals.samples += min(done_samples, ep.global_samples)
             loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
-            scores = _end_epoch(s, epoch, ep, loss_total / max(n_seen, 1.0), seconds, run_log,
-                                bar, hooks.score_test)  # fmt: skip
+            ep.loss, ep.seconds = loss_total / max(n_seen, 1.0), seconds
+            scores = _end_epoch(s, epoch, ep, run_log, bar, hooks.score_test)
             totals.trained += 1
             del batches  # its views keep the epoch's arrays alive
-            if scores is None:  # not a scored epoch (--eval-every)
-                continue
-            chosen_by = scores["test" if s.select == "last" else s.select]
-            if cfg.target_hr is not None and chosen_by["hr@10"] >= cfg.target_hr:
-                totals.stopped_early = epoch < cfg.epochs
-                break
-            if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
+            # None: not a scored epoch (--eval-every)
+            if scores is not None and _stops(s, epoch, scores, hooks):
                 totals.stopped_early = epoch < cfg.epochs
                 break
         if hooks.score_test:
             _score_chosen(s, run_log)
 
     if env.is_main and s.history:
-        _save_curves(run_dir / ckpt.CURVES, s.history)
+        save_curves(run_dir / CURVES, s.history)
     return _result(s, totals, t_start)
+
+
+def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: Hooks) -> bool:
+    """Whether the run stops after this scored epoch: --target-hr reached on the split that
+    chooses, or the caller's `on_epoch` said so."""
+    chosen_by = scores["test" if s.select == "last" else s.select]
+    if s.cfg.target_hr is not None and chosen_by["hr@10"] >= s.cfg.target_hr:
+        return True
+    return hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores)
 
 
 @dataclass
 class _Epoch:
-    """One epoch's steps, as `_train` reads them back."""
+    """One epoch's steps, as `run_training` reads them back."""
 
     task: Any  # the progress bar's
     n_steps: int
@@ -203,33 +209,38 @@ class _Epoch:
     carried: torch.Tensor  # the loss sums of the steps before `first`
     lr_first: float | None = None  # the lr of its first step and of its last
     lr_now: float | None = None
+    loss: float = 0.0  # its mean training loss, over all ranks
+    seconds: float = 0.0  # building its samples and its steps
 
 
-def _build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
+def build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
     with sampler.backend.build_stream():
         return sampler.epoch(epoch, batch_size)
 
 
-def _steps(
-    s: Session, batches: Any, epoch: int, bar: Any, interrupt: _Interrupt, check_sync: bool
+def epoch_steps(
+    s: Session, batches: Any, epoch: int, bar: Any, interrupt: Interrupt, check_sync: bool
 ) -> _Epoch:
     """One epoch's optimizer steps (from the checkpoint's step in a run resumed mid-epoch)."""
     cfg, env = s.cfg, s.env
     n_steps = len(batches)
     global_samples = batches.n_samples * env.world_size
     first = s.start_step if epoch == s.done + 1 else 0
-    task = bar.add_task(f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-",
-                        completed=min(global_samples, first * s.local_batch * env.world_size))  # fmt: skip
+    done = min(global_samples, first * s.local_batch * env.world_size)
+    task = bar.add_task(
+        f"epoch {epoch}/{cfg.epochs}", total=global_samples, loss="-", completed=done
+    )
     # Loss stays on the device; it is read (and reduced) a few times per epoch only.
     acc = torch.zeros(3, dtype=torch.float64, device=s.device)  # loss sum, samples, stop flag
     carried = torch.tensor([*(s.partial if first else [0.0, 0.0]), 0.0], dtype=torch.float64)
     ep = _Epoch(task, n_steps, first, global_samples, acc, carried)
     read_every = max(1, n_steps // LOSS_READS_PER_EPOCH)
     step = first
-    dropout_base = _seed_for(cfg.seed or 0, epoch, env.rank)
+    dropout_base = seed_for(cfg.seed or 0, epoch, env.rank)
+    stepper = Stepper(s.ddp, s.model, s.amp_ctx, s.scaler, float(cfg.l2 or 0.0), cfg.micro_batch)
     for users, items, labels, weights, prev in batches.batches(first):
         if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
-            _seed_dropout(s.device, dropout_base, step)
+            seed_dropout(s.device, dropout_base, step)
         # Set every step (a resumed run's optimizer state holds the old run's lr).
         ep.lr_now = lr_at(cfg, (epoch - 1) * n_steps + step, n_steps)
         ep.lr_first = ep.lr_now if ep.lr_first is None else ep.lr_first
@@ -237,9 +248,7 @@ def _steps(
             g["lr"] = ep.lr_now * g.get("lr_scale", 1.0)
         s.optimizer.zero_grad(set_to_none=True)
         seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
-        loss = _step_gradients(
-            s.ddp, s.model, users, items, labels, weights, prev, cfg, s.amp_ctx, s.scaler, seqs
-        )
+        loss = step_gradients(stepper, Batch(users, items, labels, weights, prev), seqs)
         s.scaler.step(s.optimizer)
         s.scaler.update()
         step += 1
@@ -264,10 +273,11 @@ def _check_loss(s: Session, mean: float, epoch: int, step: int, n_steps: int) ->
     """Stop the run on a non-finite loss, naming the last good checkpoint."""
     if math.isfinite(mean):
         return
-    last = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    last = s.run_dir / CKPT_DIR / LAST
     # epoch - 1: the epochs completed, the last of which last.pt holds
-    kept = (f"the last good checkpoint is {last} (epoch {epoch - 1})"
-            if last.exists() else "no checkpoint was written")  # fmt: skip
+    kept = "no checkpoint was written"
+    if last.exists():
+        kept = f"the last good checkpoint is {last} (epoch {epoch - 1})"
     raise NcfError(
         f"the training loss became {mean} in epoch {epoch} (step {step}/{n_steps}); "
         f"stopped, {kept}; lower --lr" + (" or drop --amp" if s.amp_dtype else "")
@@ -278,24 +288,17 @@ def _interrupted(
     s: Session, epoch: int, step: int, n_steps: int, loss_sums: tuple[float, float]
 ) -> None:
     """Ctrl-C: save this step in last.pt and stop with the command that continues the run."""
-    path = s.run_dir / ckpt.CKPT_DIR / ckpt.LAST
+    path = s.run_dir / CKPT_DIR / LAST
     save_interrupted(s, epoch, step, loss_sums)
     raise NcfError(
         f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
         f"continue with: ncf train --out {shlex.quote(str(s.run_dir))} --resume",
         exit_code=130,
-    )  # fmt: skip
+    )
 
 
 def _end_epoch(
-    s: Session,
-    epoch: int,
-    ep: _Epoch,
-    loss: float,
-    seconds: float,
-    run_log: RunLog,
-    bar: Any,
-    score_test: bool,
+    s: Session, epoch: int, ep: _Epoch, run_log: RunLog, bar: Any, score_test: bool
 ) -> dict[str, dict[str, float]] | None:
     """Score the epoch, record it (history, best, checkpoint, metrics rows) and show it;
     returns the scores ({split: HR@10, NDCG@10}), None for an epoch --eval-every skips.
@@ -311,18 +314,26 @@ def _end_epoch(
     scored = last or epoch % (cfg.eval_every or 1) == 0
     if s.select == "last":
         scored = last
-    record: dict[str, Any] = {"epoch": epoch, "loss": loss, "validation": None, "test": None,
-                              "train_seconds": seconds,
-                              "samples_per_second": ep.global_samples / max(seconds, 1e-9),
-                              "lr": ep.lr_first, "lr_end": ep.lr_now}  # fmt: skip
+    loss = ep.loss
+    record: dict[str, Any] = {
+        "epoch": epoch,
+        "loss": loss,
+        "validation": None,
+        "test": None,
+        "train_seconds": ep.seconds,
+        "samples_per_second": ep.global_samples / max(ep.seconds, 1e-9),
+        "lr": ep.lr_first,
+        "lr_end": ep.lr_now,
+    }
     scores: dict[str, dict[str, float]] = {}
     improved = False
     if scored:
         if s.calibration is not None:  # the sequence term's share of the score (model/sequence.py)
             s.model.calibrate(*s.calibration)
         choose = "test" if s.select == "last" else s.select
-        scores[choose] = evaluation.score_split(s.model, s.eval_sets, choose, s.env, cfg.eval_batch,
-                                                s.full_sets)  # fmt: skip
+        scores[choose] = evaluation.score_split(
+            s.model, s.eval_sets, choose, s.env, cfg.eval_batch, s.full_sets
+        )
         improved = evaluation.improves(s.best, s.select, scores[choose], str(cfg.select_metric))
         record.update(scores)
         if improved:
@@ -355,11 +366,13 @@ def _score_chosen(s: Session, run_log: RunLog) -> None:
         return
     weights = s.best_weights
     if weights is None:  # chosen before this invocation
-        kept = ckpt.load_checkpoint(s.run_dir / ckpt.BEST)
+        kept = load_checkpoint(s.run_dir / BEST)
         if kept.get("epoch") != best["epoch"]:
-            raise NcfError(f"{s.run_dir / ckpt.BEST} holds epoch {kept.get('epoch')}, and the "
-                           f"run chose epoch {best['epoch']}: the run directory was changed "
-                           "by hand; train it again into a new --out")  # fmt: skip
+            raise NcfError(
+                f"{s.run_dir / BEST} holds epoch {kept.get('epoch')}, and the "
+                f"run chose epoch {best['epoch']}: the run directory was changed "
+                "by hand; train it again into a new --out"
+            )
         weights = kept["model"]
     assert s.cfg.eval_batch is not None
     now = _host_copy(s.model)
@@ -381,20 +394,30 @@ def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
     cfg, best = s.cfg, s.best
     assert best is not None
+    test = best["test"]
     return TrainResult(
-        run_dir=str(s.run_dir), epochs=len(s.history), best_epoch=int(best["epoch"]),
-        metrics=None if best["test"] is None else {k: float(v) for k, v in best["test"].items()},
-        validation=best.get("validation"), selected_by=s.select, dataset_split=s.data.split_method,
+        run_dir=str(s.run_dir),
+        epochs=len(s.history),
+        best_epoch=int(best["epoch"]),
+        metrics=None if test is None else {k: float(v) for k, v in test.items()},
+        validation=best.get("validation"),
+        selected_by=s.select,
+        dataset_split=s.data.split_method,
         samples_per_second=totals.samples / max(totals.seconds, 1e-9),
-        seconds=time.perf_counter() - t_start, trained_epochs=totals.trained,
-        stopped_early=totals.stopped_early, parameters=s.n_params, device=s.backend.describe(),
-        world_size=s.env.world_size, peak_gpu_bytes=s.backend.peak_memory_bytes(),
+        seconds=time.perf_counter() - t_start,
+        trained_epochs=totals.trained,
+        stopped_early=totals.stopped_early,
+        parameters=s.n_params,
+        device=s.backend.describe(),
+        world_size=s.env.world_size,
+        peak_gpu_bytes=s.backend.peak_memory_bytes(),
         recency_weight=float(cfg.recency_weight or 0.0),
         recency_probe=s.probed.to_dict() if s.probed is not None else None,
-        order_factors=int(cfg.order_factors or 0), shard=s.shard,
-        sequence_length=int(cfg.sequence_length or 0), sequence_note=s.sequence_note,
+        terms=s.model_cfg.terms(),
+        sequence_note=s.sequence_note,
+        shard=s.shard,
         select_metric=str(cfg.select_metric),
-    )  # fmt: skip
+    )
 
 
 def _read(
@@ -407,8 +430,10 @@ def _read(
 
 
 def _checksum(model: torch.nn.Module) -> torch.Tensor:
-    parts = [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
-             for p in model.parameters()]  # fmt: skip
+    parts = [
+        torch.stack([p.detach().double().sum(), p.detach().double().square().sum()])
+        for p in model.parameters()
+    ]
     return torch.cat(parts)
 
 
@@ -421,14 +446,14 @@ def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
             )
 
 
-class _Interrupt:
+class Interrupt:
     """First Ctrl-C asks the loop to stop after the current step; a second one raises at once."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: Any = None
 
-    def __enter__(self) -> _Interrupt:
+    def __enter__(self) -> Interrupt:
         try:
             self._previous = signal.signal(signal.SIGINT, self._handle)
         except ValueError:  # not the main thread: keep Python's default

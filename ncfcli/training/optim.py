@@ -1,6 +1,6 @@
-"""How one optimizer step is computed: Adam (torch's, or `_CpuAdam` on the CPU), the learning
+"""How one optimizer step is computed: Adam (torch's, or `CpuAdam` on the CPU), the learning
 rate of each step (`lr_at`: the warm-up, then the decay), dropout's seed, and the batch's
-gradients in micro-batches (`_step_gradients`).
+gradients in micro-batches (`step_gradients`).
 
 `--lr-decay linear|cosine` scales the learning rate down to 0 over the run's steps (a function
 of the step alone, so a resumed run follows the same schedule); it is off by default because
@@ -8,13 +8,13 @@ it did not help on ml-100k. `--warmup-epochs N` ramps it up linearly from 0 over
 
 Gradient accumulation (`--micro-batch M`): each rank feeds its batch forward and backward in
 slices of at most M samples, each adding its share of the batch's loss to the gradients, and
-DDP all-reduces once, on the last slice (`_step_gradients`). The optimizer steps, the lr rule
+DDP all-reduces once, on the last slice (`step_gradients`). The optimizer steps, the lr rule
 and the results are the batch's, up to float summation order (with dropout, the masks differ),
 so a global batch larger than memory takes the same steps on fewer GPUs. NVIDIA's
 `--grads_accumulated K --batch-size B` is `--batch-size K*B --micro-batch B/ranks` here.
 
 Seeds: dropout comes from (seed, epoch, rank, step), on the CPU's or the GPU's generator
-(`_seed_dropout`), so a resumed run equals an uninterrupted one, also when it was stopped
+(`seed_dropout`), so a resumed run equals an uninterrupted one, also when it was stopped
 mid-epoch (the checkpoint holds no generator state).
 """
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,7 @@ from ncfcli.errors import NcfError
 from ncfcli.training.config import TrainConfig
 
 
-class _CpuAdam:
+class CpuAdam:
     """Adam for CPU runs without torch.optim: building any torch.optim optimizer imports
     torch._dynamo, about 1.5 s, a tenth of ml-100k's whole budget. Same update (aten's fused Adam
     kernel, as `torch.optim.Adam(fused=True)` runs) and the same state_dict layout, so a
@@ -41,18 +43,32 @@ class _CpuAdam:
     param group whose lr is `lr_scale` x the run's (`lr_at`)."""
 
     def __init__(
-        self, groups: list[tuple[list[Any], float]], lr: float, betas: tuple[float, float],
+        self,
+        groups: list[tuple[list[Any], float]],
+        lr: float,
+        betas: tuple[float, float],
         eps: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.param_groups: list[dict[str, Any]] = []
         self.params: list[Any] = []
         for params, scale in groups:
             first = len(self.params)
             self.params += [p for p in params if p.requires_grad]
-            self.param_groups.append({"lr": lr * scale, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0,
-                              "amsgrad": False, "maximize": False, "foreach": None,
-                              "capturable": False, "differentiable": False, "fused": True,
-                              "lr_scale": scale, "index": list(range(first, len(self.params)))})  # fmt: skip
+            group = {
+                "lr": lr * scale,
+                "betas": tuple(betas),
+                "eps": eps,
+                "weight_decay": 0.0,
+                "amsgrad": False,
+                "maximize": False,
+                "foreach": None,
+                "capturable": False,
+                "differentiable": False,
+                "fused": True,
+                "lr_scale": scale,
+                "index": list(range(first, len(self.params))),
+            }
+            self.param_groups.append(group)
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
@@ -70,16 +86,31 @@ class _CpuAdam:
             steps = [self.steps[k] for k in live]
             torch._foreach_add_(steps, 1.0)
             torch._fused_adam_(
-                [self.params[k] for k in live], [self.params[k].grad for k in live],
-                [self.exp_avg[k] for k in live], [self.exp_avg_sq[k] for k in live], [], steps,
-                lr=float(g["lr"]), beta1=g["betas"][0], beta2=g["betas"][1], weight_decay=0.0,
-                eps=g["eps"], amsgrad=False, maximize=False,
-            )  # fmt: skip
+                [self.params[k] for k in live],
+                [self.params[k].grad for k in live],
+                [self.exp_avg[k] for k in live],
+                [self.exp_avg_sq[k] for k in live],
+                [],
+                steps,
+                lr=float(g["lr"]),
+                beta1=g["betas"][0],
+                beta2=g["betas"][1],
+                weight_decay=0.0,
+                eps=g["eps"],
+                amsgrad=False,
+                maximize=False,
+            )
 
     def state_dict(self) -> dict[str, Any]:
-        state = {k: {"step": self.steps[k].clone(), "exp_avg": self.exp_avg[k].clone(),
-                     "exp_avg_sq": self.exp_avg_sq[k].clone()}
-                 for k in range(len(self.params)) if float(self.steps[k]) > 0}  # fmt: skip
+        state = {
+            k: {
+                "step": self.steps[k].clone(),
+                "exp_avg": self.exp_avg[k].clone(),
+                "exp_avg_sq": self.exp_avg_sq[k].clone(),
+            }
+            for k in range(len(self.params))
+            if float(self.steps[k]) > 0
+        }
         groups = []
         for g in self.param_groups:
             group = {k: v for k, v in g.items() if k != "index"}
@@ -108,7 +139,7 @@ def make_optimizer(
     amp_dtype: torch.dtype | None,
 ) -> tuple[Any, torch.amp.GradScaler]:
     """Adam over the model's parameters (torch's fused one on a GPU or with fp16 loss scaling,
-    else `_CpuAdam`), and the loss scaler (enabled for fp16 only)."""
+    else `CpuAdam`), and the loss scaler (enabled for fp16 only)."""
     assert cfg.lr is not None  # resolved
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
@@ -117,10 +148,13 @@ def make_optimizer(
     if backend.is_cuda or scaler.is_enabled():
         optimizer = torch.optim.Adam(
             [{"params": ps, "lr": cfg.lr * scale, "lr_scale": scale} for ps, scale in groups],
-            lr=cfg.lr, betas=betas, eps=float(cfg.eps or 1e-8), fused=backend.is_cuda or None,
-        )  # fmt: skip
+            lr=cfg.lr,
+            betas=betas,
+            eps=float(cfg.eps or 1e-8),
+            fused=backend.is_cuda or None,
+        )
     else:
-        optimizer = _CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
+        optimizer = CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
     return optimizer, scaler
 
 
@@ -140,7 +174,7 @@ def param_groups(model: torch.nn.Module) -> list[tuple[list[Any], float]]:
     return [(rest, 1.0), (list(sequence.parameters()), SEQUENCE_LR_SCALE)]
 
 
-def _decay(kind: str, done: float) -> float:
+def decay(kind: str, done: float) -> float:
     """The lr multiplier after `done` (0..1) of the run's steps: 1 at the start, 0 at the end."""
     if kind == "linear":
         return 1.0 - done
@@ -158,17 +192,17 @@ def lr_at(cfg: TrainConfig, k: int, n_steps: int) -> float:
     if warm_steps:
         lr_now = lr_peak * min(1.0, (k + 1) / warm_steps)
     if decay_steps:
-        lr_now *= _decay(str(cfg.lr_decay), k / decay_steps)
+        lr_now *= decay(str(cfg.lr_decay), k / decay_steps)
     return lr_now
 
 
-def _seed_for(*parts: int) -> int:
+def seed_for(*parts: int) -> int:
     return int(np.random.SeedSequence(list(parts)).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
-def _seed_dropout(device: torch.device, base: int, step: int) -> None:
+def seed_dropout(device: torch.device, base: int, step: int) -> None:
     """Seed the generator dropout draws from on `device` for one step, from the epoch's
-    `base` = _seed_for(seed, epoch, rank): the masks are then a function of (seed, epoch, rank,
+    `base` = seed_for(seed, epoch, rank): the masks are then a function of (seed, epoch, rank,
     step), so a run resumed mid-epoch draws what the uninterrupted one drew, on every rank and
     device (the CUDA generator included), with no generator state saved.
 
@@ -183,72 +217,84 @@ def _seed_dropout(device: torch.device, base: int, step: int) -> None:
         torch.default_generator.manual_seed(value)
 
 
-def _slice_loss(
-    ddp: torch.nn.Module,
-    model: Any,
-    users: torch.Tensor,
-    items: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor | None,
-    prev: torch.Tensor | None,
-    l2: float,
-    n: int,
-) -> torch.Tensor:
+@dataclass(frozen=True)
+class Batch:
+    """One step's rows (data/batches.py): users, items, labels, their loss weights, and the order
+    or sequence term's context (previous items [B] or [B, L]; None without one)."""
+
+    users: torch.Tensor
+    items: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor | None
+    prev: torch.Tensor | None
+
+    def rows(self, lo: int, hi: int) -> Batch:
+        """Rows lo..hi: a micro-batch's slice."""
+        w = self.weights[lo:hi] if self.weights is not None else None
+        p = self.prev[lo:hi] if self.prev is not None else None
+        return Batch(self.users[lo:hi], self.items[lo:hi], self.labels[lo:hi], w, p)
+
+
+@dataclass(frozen=True)
+class Stepper:
+    """What computes a batch's gradients: the model (`ddp`: in DistributedDataParallel with
+    several ranks, else the model itself), autocast, the loss scaler, --l2 and --micro-batch."""
+
+    ddp: torch.nn.Module
+    model: Any
+    amp_ctx: Callable[[], Any]
+    scaler: torch.amp.GradScaler
+    l2: float = 0.0
+    micro_batch: int | None = None
+
+
+def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
     """These rows' share of a batch of n samples' loss: the weighted BCE (their mean when they
     are the whole batch, as a plain step computes it, else their sum / n) plus the L2 of their
-    embedding rows / n. `prev`: the order term's previous items, or None without one."""
+    embedding rows / n."""
+    ddp, prev = stepper.ddp, rows.prev
+    users, items, labels = rows.users, rows.items, rows.labels
     logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
     if labels.shape[0] == n:
-        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
+        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=rows.weights)
     else:
         loss = F.binary_cross_entropy_with_logits(
-            logits, labels, weight=weights, reduction="sum"
+            logits, labels, weight=rows.weights, reduction="sum"
         ).div(n)
-    if l2:
+    if stepper.l2:
         # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
-        loss = loss + l2 * model.row_sq_sum(users, items, prev) / n
+        loss = loss + stepper.l2 * stepper.model.row_sq_sum(users, items, prev) / n
     return loss
 
 
-def _step_gradients(
-    ddp: torch.nn.Module,
-    model: Any,
-    users: torch.Tensor,
-    items: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor | None,
-    prev: torch.Tensor | None,
-    cfg: TrainConfig,
-    amp_ctx: Any,
-    scaler: torch.amp.GradScaler,
+def step_gradients(
+    stepper: Stepper,
+    batch: Batch,
     seqs: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor:
     """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
-    gradients, in slices of at most cfg.micro_batch samples (gradient accumulation: each slice
+    gradients, in slices of at most --micro-batch samples (gradient accumulation: each slice
     adds its share, sum / batch, so the gradient is the whole batch's up to summation order).
     `seqs` (sequences, negatives, the step's next items, ranks), with a sequence term: its own
     loss joins the last slice's (the two read disjoint parameters). DDP all-reduces once, on the
     last slice. Returns the batch's pointwise loss, detached."""
-    n = labels.shape[0]
-    l2 = float(cfg.l2 or 0.0)
-    size = min(n, cfg.micro_batch or n)
+    model, scaler, amp_ctx = stepper.model, stepper.scaler, stepper.amp_ctx
+    n = batch.labels.shape[0]
+    size = min(n, stepper.micro_batch or n)
     if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
-            loss = _slice_loss(ddp, model, users, items, labels, weights, prev, l2, n)
+            loss = slice_loss(stepper, batch, n)
             extra = model.sequence_loss(*seqs) if seqs is not None else 0.0
         scaler.scale(loss + extra).backward()
         return loss.detach()
-    total = torch.zeros((), dtype=torch.float32, device=labels.device)
-    no_sync: Any = getattr(ddp, "no_sync", None)  # DistributedDataParallel's
+    total = torch.zeros((), dtype=torch.float32, device=batch.labels.device)
+    no_sync: Any = getattr(stepper.ddp, "no_sync", None)  # DistributedDataParallel's
     for lo in range(0, n, size):
         hi = min(n, lo + size)
         sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
-        w = weights[lo:hi] if weights is not None else None
-        p = prev[lo:hi] if prev is not None else None
         with sync:  # backward under no_sync too: it is where DDP would all-reduce
             with amp_ctx():
-                loss = _slice_loss(ddp, model, users[lo:hi], items[lo:hi], labels[lo:hi], w, p,
-                                   l2, n)  # fmt: skip
+                loss = slice_loss(stepper, batch.rows(lo, hi), n)
                 extra = model.sequence_loss(*seqs) if hi == n and seqs is not None else 0.0
             scaler.scale(loss + extra).backward()
         total += loss.detach()

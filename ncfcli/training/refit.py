@@ -1,4 +1,4 @@
-"""Runs built from other runs: `--refit RUN` (`_refit_settings`) and the pretrained towers of
+"""Runs built from other runs: `--refit RUN` (`refit_settings`) and the pretrained towers of
 `--pretrained-gmf` / `--pretrained-mlp` (`load_pretrained`).
 
 `--refit RUN` trains RUN's resolved settings again on train + validation
@@ -18,7 +18,7 @@ from ncfcli.rundir import checkpoint as ckpt
 from ncfcli.training.config import LEGACY, REFIT_OWN, TrainConfig, tunables
 
 
-def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> TrainConfig:
+def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> TrainConfig:
     """`--refit RUN`: RUN's resolved settings (model, recipe, the recency weight its probe chose,
     its seed) with --epochs set to the epoch RUN chose on validation, to be trained on train +
     validation (PreparedData.merge_validation). Nothing is chosen on the test split: the refit's
@@ -27,8 +27,11 @@ def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tr
     is the per-rank batch x ranks, so such a run refits on as many ranks as it trained on."""
     source = Path(str(cfg.refit))
     if not data.has_validation:
-        raise NcfError(f"--refit trains on the validation split that chose RUN's epochs, and "
-                       f"{cfg.data_dir} has none (prepared with --no-validation)", exit_code=2)  # fmt: skip
+        raise NcfError(
+            f"--refit trains on the validation split that chose RUN's epochs, and "
+            f"{cfg.data_dir} has none (prepared with --no-validation)",
+            exit_code=2,
+        )
     given = [
         k for k, v in tunables(cfg).items() if v is not None and k not in REFIT_OWN + ("refit",)
     ]
@@ -41,9 +44,11 @@ def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tr
     saved = dict(state["train_config"])
     theirs = state["dataset"]
     if theirs.get("fingerprint") != data.fingerprint:
-        raise NcfError(f"--refit {source} was trained on {theirs.get('path')} (fingerprint "
-                       f"{theirs.get('fingerprint')}), not {cfg.data_dir} "
-                       f"(fingerprint {data.fingerprint})")  # fmt: skip
+        raise NcfError(
+            f"--refit {source} was trained on {theirs.get('path')} (fingerprint "
+            f"{theirs.get('fingerprint')}), not {cfg.data_dir} "
+            f"(fingerprint {data.fingerprint})"
+        )
     if saved.get("refit") or theirs.get("merged_validation"):
         raise NcfError(f"--refit {source} is itself a refit; pass the run it was refitted from")
     best = state.get("best") or {}
@@ -55,12 +60,16 @@ def _refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tr
     )
     done = int(ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))["epoch"])
     if done < planned and not reached:
-        raise NcfError(f"--refit {source} has trained {done} of its {planned} epochs, so its "
-                       f"choice is not final: finish it first (ncf train --resume --out {source})")  # fmt: skip
+        raise NcfError(
+            f"--refit {source} has trained {done} of its {planned} epochs, so its "
+            f"choice is not final: finish it first (ncf train --resume --out {source})"
+        )
     ranks = int(state.get("world_size") or 1)
     if saved.get("scaling") == "weak" and ranks != world_size:
-        raise NcfError(f"--refit {source} trained with --scaling weak on {ranks} process(es), whose "
-                       f"batches make its global batch: refit it on {ranks} too (--nproc/--gpus)")  # fmt: skip
+        raise NcfError(
+            f"--refit {source} trained with --scaling weak on {ranks} process(es), whose "
+            f"batches make its global batch: refit it on {ranks} too (--nproc/--gpus)"
+        )
     names = {f.name for f in fields(cfg)}
     values = {k: v for k, v in {**LEGACY, **saved}.items() if k in names}
     if values.get("layers") is not None:
@@ -81,13 +90,17 @@ def load_pretrained(model: Any, cfg: TrainConfig, data: PreparedData) -> None:
             continue
         run = ckpt.load_run(path)
         if run.dataset_fingerprint != data.fingerprint:
-            raise NcfError(f"--pretrained-{kind} {path} was trained on {run.dataset_path} "
-                           f"(fingerprint {run.dataset_fingerprint}), not {cfg.data_dir} "
-                           f"(fingerprint {data.fingerprint})")  # fmt: skip
+            raise NcfError(
+                f"--pretrained-{kind} {path} was trained on {run.dataset_path} "
+                f"(fingerprint {run.dataset_fingerprint}), not {cfg.data_dir} "
+                f"(fingerprint {data.fingerprint})"
+            )
         if run.state["dataset"].get("merged_validation") and not data.merged_validation:
-            raise NcfError(f"--pretrained-{kind} {path} was trained on the validation items "
-                           "(--refit), which would then choose this run's epoch; pass the run "
-                           "it was refitted from")  # fmt: skip
+            raise NcfError(
+                f"--pretrained-{kind} {path} was trained on the validation items "
+                "(--refit), which would then choose this run's epoch; pass the run "
+                "it was refitted from"
+            )
         towers[kind] = run.model
     try:
         model.load_towers(towers.get("gmf"), towers.get("mlp"))

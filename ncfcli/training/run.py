@@ -1,45 +1,30 @@
-"""The run directory: what a run records (config.json, metrics.jsonl and metrics.csv, curves.png,
-checkpoints/, best.pt; ncfcli/rundir/logs.py writes the metrics) and the checks on an --out.
-
-Only rank 0 writes. config.json's `resumes` lists every resume as {"epoch": epochs done,
-"step": steps done in the next one, "changed": {option: [old, new]}}; a checkpoint holds the
-resolved options, the weights, Adam's state, the history and the best epoch, and no generator
-state (seeds are functions of (seed, epoch, rank, step)).
+"""What a run records of its training, through ncfcli/rundir/record.py (which writes config.json,
+the checkpoints and curves.png; ncfcli/rundir/logs.py the metrics): the run's head and
+checkpoints from its Session, each epoch's and the chosen epoch's records, and what `train`
+returns (`TrainResult`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ncfcli.data.dataset import PreparedData
-from ncfcli.errors import NcfError
-from ncfcli.fsutil import (
-    atomic_write_text,
-    check_out_dir,
-    read_json_record,
-    read_marker,
-    remove_output,
-    write_marker,
-)
+from ncfcli.fsutil import read_marker, remove_output
 from ncfcli.model.config import ModelConfig
-from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.rundir import record
+from ncfcli.rundir.checkpoint import load_checkpoint, save_checkpoint
+from ncfcli.rundir.files import BEST, CURVES
 from ncfcli.rundir.logs import RunLog
-from ncfcli.scoring.metrics import TIE_RULE
 from ncfcli.training.config import TrainConfig, tunables
+from ncfcli.training.session import Session
 from ncfcli.training.validation import KS
 
-if TYPE_CHECKING:
-    from ncfcli.training.session import Session
-
-RUN_ENTRIES = ("config.json", "checkpoints", "best.pt", "metrics.jsonl", "metrics.csv", "curves.png",
-               "tensorboard")  # fmt: skip
+KS_SHOWN = ("hr@10", "ndcg@10")  # the test figures `ncf train --json` shows
 
 
 @dataclass
@@ -61,9 +46,10 @@ class TrainResult:
     peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
-    order_factors: int = 0  # the --order-factors the run trained with
-    sequence_length: int = 0  # the --sequence-length the run trained with
-    sequence_note: str | None = None  # why that is not the one asked for (off, capped), if so
+    # The optional terms' sizes the run trained with, 0 where off (ModelConfig.terms: the order
+    # term's factors, the sequence term's window); model/config.py's describe_terms shows them.
+    terms: dict[str, int] = field(default_factory=dict)
+    sequence_note: str | None = None  # why the window is not the one asked for (off, capped)
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
     select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
 
@@ -75,15 +61,12 @@ class TrainResult:
             "selected_by": self.selected_by,
             "select_metric": self.select_metric,
             "dataset_split": self.dataset_split,
-            "metrics": None
-            if self.metrics is None
-            else {k: self.metrics[k] for k in ("hr@10", "ndcg@10")},
+            "metrics": None if self.metrics is None else {k: self.metrics[k] for k in KS_SHOWN},
             "validation": self.validation,
             "samples_per_second": self.samples_per_second,
             "seconds": self.seconds,
             "recency_weight": self.recency_weight,
-            "order_factors": self.order_factors,
-            "sequence_length": self.sequence_length,
+            **self.terms,
         }
         if self.sequence_note:
             out["sequence_note"] = self.sequence_note
@@ -98,26 +81,6 @@ def default_run_dir(data_dir: str) -> str:
     return str(Path("runs") / f"{Path(data_dir).resolve().name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def check_run_dir(run_dir: Path, cfg: TrainConfig) -> bool:
-    """Refuse an --out that is not new, empty or (with --overwrite) ncf's own earlier run;
-    True when an earlier run is to be replaced."""
-    if read_marker(run_dir) is None and (run_dir / ckpt.CKPT_DIR / ckpt.LAST).is_file():
-        # a run from before ncf recorded its output: it can be resumed, not replaced
-        raise NcfError(f"{run_dir} already holds a run: add --resume to continue it, or pick "
-                       "another --out")  # fmt: skip
-    hint = "add --resume to continue it, --overwrite to replace it, or pick another --out"
-    mine = read_marker(run_dir) if run_dir.is_dir() else None
-    unstarted = mine is not None and mine["kind"] == "run" and _unstarted(run_dir)
-    return check_out_dir(run_dir, "run", overwrite=cfg.overwrite or unstarted,
-                         protect=[cfg.data_dir], hint=hint)  # fmt: skip
-
-
-def _unstarted(run_dir: Path) -> bool:
-    """An earlier run at `run_dir` that saved no checkpoint (it failed or was killed in its
-    first epoch): nothing in it can be resumed or chosen, so a new run may replace it."""
-    return not ((run_dir / ckpt.CKPT_DIR / ckpt.LAST).is_file() or (run_dir / ckpt.BEST).is_file())
-
-
 @contextlib.contextmanager
 def removed_if_unfinished(s: Session) -> Iterator[None]:
     """A run that fails before its first checkpoint leaves nothing behind: rank 0 removes
@@ -126,7 +89,7 @@ def removed_if_unfinished(s: Session) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        if s.env.is_main and _unstarted(s.run_dir) and read_marker(s.run_dir) is not None:
+        if s.env.is_main and record.is_unstarted(s.run_dir) and read_marker(s.run_dir) is not None:
             remove_output(s.run_dir)
             if s.made_run_dir and not any(s.run_dir.iterdir()):
                 s.run_dir.rmdir()
@@ -145,8 +108,12 @@ def option_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, l
 
 def describe_dataset(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
     """The dataset as checkpoints and config.json record it (eval and recommend rebuild it)."""
-    info = {"path": str(Path(cfg.data_dir).resolve()), "fingerprint": data.fingerprint,
-            "n_users": data.n_users, "n_items": data.n_items}  # fmt: skip
+    info = {
+        "path": str(Path(cfg.data_dir).resolve()),
+        "fingerprint": data.fingerprint,
+        "n_users": data.n_users,
+        "n_items": data.n_items,
+    }
     if data.merged_validation:
         info["merged_validation"] = True
     return info
@@ -163,37 +130,38 @@ def _shown(cfg: TrainConfig, model_cfg: ModelConfig, cuda: bool) -> dict[str, An
     return {k: v for k, v in tunables(cfg).items() if k not in unused}
 
 
+def head(s: Session) -> record.RunHead:
+    """What config.json and every checkpoint of this run begin with."""
+    return record.RunHead(s.model_cfg.to_dict(), tunables(s.cfg), s.dataset_info, s.env.world_size)
+
+
 def open_run_dir(s: Session, progress: Any) -> RunLog:
     """Rank 0 (re)creates the run directory and writes config.json; every rank gets the RunLog
     (which writes on rank 0 only) and prints the hyper-parameter line."""
     cfg, env, run_dir = s.cfg, s.env, s.run_dir
     if env.is_main:
-        if s.replace_run:
-            remove_output(run_dir)
-        s.made_run_dir = not run_dir.exists()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_marker(run_dir, "run", RUN_ENTRIES)
-        config = {"model": s.model_cfg.to_dict(), "train": tunables(cfg), "dataset": s.dataset_info,
-                  "world_size": env.world_size, "device": s.backend.describe(),
-                  "metrics": {"ks": list(KS), "tie_rule": TIE_RULE},
-                  "resumes": s.resumes, "shard": s.shard}  # fmt: skip
+        s.made_run_dir = record.make_run_dir(run_dir, s.replace_run)
+        extra: dict[str, Any] = {"resumes": s.resumes, "shard": s.shard}
         if s.probed is not None:
-            config["recency_probe"] = s.probed.to_dict()
+            extra["recency_probe"] = s.probed.to_dict()
         if s.sequence_note:
-            config["sequence_note"] = s.sequence_note
+            extra["sequence_note"] = s.sequence_note
         if s.resumed:  # the probe ran and the window was set when the run started: kept
-            kept = read_json_record(run_dir / ckpt.CONFIG)
+            kept = record.read_config(run_dir)
             for key in ("recency_probe", "sequence_note"):
-                if key not in config and kept.get(key) is not None:
-                    config[key] = kept[key]
-        atomic_write_text(run_dir / ckpt.CONFIG, json.dumps(config, indent=2) + "\n")
+                if key not in extra and kept.get(key) is not None:
+                    extra[key] = kept[key]
+        record.write_config(run_dir, record.config_json(head(s), s.backend.describe(), KS, extra))
     run_log = RunLog(run_dir, enabled=env.is_main, tensorboard=cfg.tensorboard)
-    run_log.announce(progress, _shown(cfg, s.model_cfg, s.backend.is_cuda), env.world_size,
-                     s.backend.describe())  # fmt: skip
+    shown = _shown(cfg, s.model_cfg, s.backend.is_cuda)
+    run_log.announce(progress, shown, env.world_size, s.backend.describe())
     if s.layout.sharded and env.is_main and progress is not None and not progress.disable:
         rows = ", ".join(f"{n:,}" for n in s.shard["rank_rows"])
-        progress.console.print(f"shard: users, each rank loads only its buckets ({s.layout.why}); "
-                               f"training rows per rank {rows}", highlight=False)  # fmt: skip
+        progress.console.print(
+            f"shard: users, each rank loads only its buckets ({s.layout.why}); "
+            f"training rows per rank {rows}",
+            highlight=False,
+        )
     return run_log
 
 
@@ -201,26 +169,19 @@ def checkpoint_state(
     s: Session, epoch: int, step: int = 0, loss_sums: tuple[float, float] = (0.0, 0.0)
 ) -> dict[str, Any]:
     """What a checkpoint holds after `epoch` epochs and `step` steps of the next one."""
-    return {
-        "model_config": s.model_cfg.to_dict(), "train_config": tunables(s.cfg), "dataset": s.dataset_info,
-        "epoch": epoch, "step": step, "partial_loss": list(loss_sums), "world_size": s.env.world_size,
-        "shard": s.layout.mode,
-        "model": s.model.state_dict(), "optimizer": s.optimizer.state_dict(),
-        "scaler": s.scaler.state_dict() if s.scaler.is_enabled() else None,
-        "history": s.history, "best": s.best,
-        "resumes": s.resumes,
-    }  # fmt: skip
+    scaler = s.scaler.state_dict() if s.scaler.is_enabled() else None
+    more = record.Resumable(loss_sums, s.layout.mode, s.optimizer.state_dict(), scaler, s.resumes)
+    weights = s.model.state_dict()
+    return record.checkpoint_dict(head(s), epoch, weights, s.history, s.best, step, more)
 
 
 def save_epoch(s: Session, epoch: int, improved: bool, run_log: RunLog) -> None:
     """Rank 0, after an epoch: its checkpoint, best.pt when it improved, its metrics rows."""
     assert s.cfg.keep_checkpoints is not None  # resolved
     full = checkpoint_state(s, epoch)
-    _write_checkpoint(s.run_dir, full, epoch, s.cfg.keep_checkpoints)
+    record.write_checkpoint(s.run_dir, full, epoch, s.cfg.keep_checkpoints)
     if improved:
-        ckpt.save_checkpoint(
-            s.run_dir / ckpt.BEST, {k: v for k, v in full.items() if k != "optimizer"}
-        )
+        record.save_best(s.run_dir, {k: v for k, v in full.items() if k != "optimizer"})
     run_log.epoch(s.history)
 
 
@@ -230,13 +191,13 @@ def record_test(s: Session, run_log: RunLog) -> None:
     that epoch's row of the logs."""
     assert s.best is not None and s.cfg.keep_checkpoints is not None
     chosen, test = int(s.best["epoch"]), s.best["test"]
-    kept = ckpt.load_checkpoint(s.run_dir / ckpt.BEST)
+    kept = load_checkpoint(s.run_dir / BEST)
     kept["best"] = s.best
-    kept["history"] = [{**h, "test": test} if h["epoch"] == chosen else h
-                       for h in kept.get("history") or []]  # fmt: skip
-    ckpt.save_checkpoint(s.run_dir / ckpt.BEST, kept)
+    rows = kept.get("history") or []
+    kept["history"] = [{**h, "test": test} if h["epoch"] == chosen else h for h in rows]
+    save_checkpoint(s.run_dir / BEST, kept)
     last = int(s.history[-1]["epoch"])
-    _write_checkpoint(s.run_dir, checkpoint_state(s, last), last, s.cfg.keep_checkpoints)
+    record.write_checkpoint(s.run_dir, checkpoint_state(s, last), last, s.cfg.keep_checkpoints)
     run_log.chosen(s.history, chosen)
 
 
@@ -245,66 +206,6 @@ def save_interrupted(s: Session, epoch: int, step: int, loss_sums: tuple[float, 
     assert s.cfg.keep_checkpoints is not None  # resolved
     if s.env.is_main:
         mid = checkpoint_state(s, epoch - 1, step, loss_sums)
-        _write_checkpoint(s.run_dir, mid, epoch - 1, s.cfg.keep_checkpoints)
+        record.write_checkpoint(s.run_dir, mid, epoch - 1, s.cfg.keep_checkpoints)
         if s.history:
-            _save_curves(s.run_dir / ckpt.CURVES, s.history)
-
-
-def import_plotting() -> None:
-    """curves.png's imports (matplotlib's Figure and Agg canvas, 0.2-0.3 s), run on the epoch
-    builder's thread while the first epoch trains, so the run's end does not wait for them."""
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-
-
-def _save_curves(path: Path, history: list[dict[str, Any]]) -> None:
-    # Figure + the Agg canvas directly: pyplot's import alone costs ~0.5 s of a 15 s run.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from ncfcli.fsutil import atomic_path
-
-    epochs = [h["epoch"] for h in history]
-    fig = Figure(figsize=(12, 3.2), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
-    axes[0].plot(epochs, [h["loss"] for h in history], marker="o")
-    for ax, key in zip(axes[1:], ("hr@10", "ndcg@10"), strict=True):
-        for split in ("validation", "test"):
-            scored = [h for h in history if h.get(split)]  # --eval-every; test: the chosen epoch
-            if scored:
-                ax.plot([h["epoch"] for h in scored], [h[split][key] for h in scored],
-                        marker="o", label=split)  # fmt: skip
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-    for ax, title in zip(axes, ("train loss", "HR@10", "NDCG@10"), strict=True):
-        ax.set_title(title)
-        ax.set_xlabel("epoch")
-        ax.grid(alpha=0.3)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-
-
-def _write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -> Path:
-    """checkpoints/last.pt, plus epoch_XXXX.pt as a hard link of it (one write, not two)."""
-    cdir = run / ckpt.CKPT_DIR
-    cdir.mkdir(parents=True, exist_ok=True)
-    if read_marker(cdir) is None:
-        write_marker(cdir, "checkpoints", [ckpt.LAST, "epoch_*.pt"])
-    last = cdir / ckpt.LAST
-    ckpt.save_checkpoint(last, state)
-    if state.get("step", 0):
-        return last  # a mid-epoch stop: only last.pt holds it
-    named = cdir / f"epoch_{epoch:04d}.pt"
-    tmp = named.with_name(f".{named.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(last, tmp)
-    except OSError:
-        import shutil
-
-        shutil.copyfile(last, tmp)
-    os.replace(tmp, named)
-    for old in sorted(cdir.glob("epoch_*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
-    return named
+            record.save_curves(s.run_dir / CURVES, s.history)

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ncfcli.backend import Backend
-from ncfcli.data.dataset import PreparedData, load_prepared, read_meta
+from ncfcli.data.dataset import PreparedData
+from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.distributed import DistEnv
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import size_defaults
+from ncfcli.ui import memory_size
 
 SHARE = 0.5  # of the free memory a rank may plan to fill with the data and its epochs
 FREE_ENV = "NCF_FREE_MEMORY"  # bytes to plan with instead of the free memory measured (tests)
@@ -91,8 +93,6 @@ def free_bytes(backend: Backend) -> int | None:
 def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backend) -> Layout:
     """The layout for this run; with `auto`, every rank takes the same decision (users when the
     plan is over SHARE of the free memory on any rank)."""
-    from ncfcli.ui import memory_size
-
     world = env.world_size
     if world == 1:
         why = "one process holds every bucket" if cfg.shard != "none" else "--shard none"
@@ -100,14 +100,14 @@ def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backen
     if cfg.shard == "none":
         return Layout("none", "--shard none")
     if cfg.shard == "auto":
-        neg = cfg.neg_per_pos or int(size_defaults(int(meta["n_train"]), meta["n_users"])
-                                     .get("neg_per_pos") or 4)  # fmt: skip
+        sized = size_defaults(int(meta["n_train"]), meta["n_users"])
+        neg = cfg.neg_per_pos or int(sized.get("neg_per_pos") or 4)
         need = plan_bytes(meta, neg, world)
         free = free_bytes(backend)
         over = free is not None and need > SHARE * free
         # Ranks may see different free memory (other jobs on a GPU): they must agree.
-        votes = dist_env.gather_ints([int(over), -1 if free is None else free], env,
-                                     backend.torch_device)  # fmt: skip
+        vote = [int(over), -1 if free is None else free]
+        votes = dist_env.gather_ints(vote, env, backend.torch_device)
         known = [v[1] for v in votes if v[1] >= 0]
         where = "GPU" if backend.is_cuda else "RAM"
         if not any(v[0] for v in votes):
@@ -115,8 +115,10 @@ def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backen
             return Layout(
                 "none", f"auto: the whole training set needs ~{memory_size(need)} a rank{tail}"
             )
-        why = (f"auto: the whole training set needs ~{memory_size(need)} a rank, over {SHARE:.0%} of "
-               f"{memory_size(min(known))} {where} free")  # fmt: skip
+        why = (
+            f"auto: the whole training set needs ~{memory_size(need)} a rank, over {SHARE:.0%} "
+            f"of {memory_size(min(known))} {where} free"
+        )
     else:
         why = "--shard users"
     entries = meta["buckets"]
@@ -149,8 +151,12 @@ def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dic
     training rows and users held (and its buckets in users mode)."""
     users = int(data.test_users.shape[0]) if data.test_users is not None else data.n_users
     rows = dist_env.gather_ints([int(data.train_users.shape[0]), users], env, device)
-    out: dict[str, Any] = {"mode": layout.mode, "why": layout.why,
-                           "rank_rows": [r[0] for r in rows], "rank_users": [r[1] for r in rows]}  # fmt: skip
+    out: dict[str, Any] = {
+        "mode": layout.mode,
+        "why": layout.why,
+        "rank_rows": [r[0] for r in rows],
+        "rank_users": [r[1] for r in rows],
+    }
     if layout.sharded:
         out["rank_buckets"] = [list(bs) for bs in layout.buckets]
     return out

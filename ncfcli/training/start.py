@@ -37,6 +37,7 @@ from ncfcli.launch.distributed import DistEnv
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model, count_parameters
 from ncfcli.rundir import checkpoint as ckpt
+from ncfcli.rundir.record import check_run_dir
 from ncfcli.training import recency
 from ncfcli.training.config import (
     PROBED,
@@ -50,30 +51,39 @@ from ncfcli.training.defaults import ORDER_FACTORS_ON
 from ncfcli.training.device import set_precision, set_threads
 from ncfcli.training.optim import make_optimizer
 from ncfcli.training.refit import load_pretrained
-from ncfcli.training.run import check_run_dir, describe_dataset, option_changes
+from ncfcli.training.run import describe_dataset, option_changes
 from ncfcli.training.session import Session
 from ncfcli.training.shard import Layout, record
 from ncfcli.training.validation import eval_sets, full_sets, selecting_split
 
 
 def start(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, run_dir: Path,
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    run_dir: Path,
     layout: Layout | None = None,
-) -> Session:  # fmt: skip
+) -> Session:
     """Resume or start: the resolved options, the model (from `seed`, or the checkpoint), Adam,
     and the data on the device (this rank's shard in `layout`'s users mode). Writes nothing."""
     layout = layout or Layout("none", "")
     resumed, data, cfg = _resumed(cfg, data, backend, run_dir)
     if data.merged_validation and cfg.target_hr is not None:
-        raise NcfError("--target-hr stops on the validation split, and a --refit run trains on it "
-                       "(it would stop on the test split): drop --target-hr", exit_code=2)  # fmt: skip
+        raise NcfError(
+            "--target-hr stops on the validation split, and a --refit run trains on it "
+            "(it would stop on the test split): drop --target-hr",
+            exit_code=2,
+        )
     shard = record(layout, data, env, backend.torch_device)
     n_train = sum(shard["rank_rows"]) if layout.sharded else int(data.train_users.shape[0])
-    replace_run = env.is_main and not cfg.resume and check_run_dir(run_dir, cfg)
+    replace_run = (
+        env.is_main and not cfg.resume and check_run_dir(run_dir, cfg.overwrite, cfg.data_dir)
+    )
     saved = resumed["train_config"] if resumed else None
     asked = cfg.sequence_length
     if saved is not None and asked:  # the command that started a capped run, with --resume
-        cfg = replace(cfg, sequence_length=_as_capped(asked, saved, data, backend))
+        cfg = replace(cfg, sequence_length=as_capped(asked, saved, data, backend))
     cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
@@ -84,6 +94,30 @@ def start(
         raise NcfError(
             f"{run_dir} has already trained {done} epochs; pass a larger --epochs to continue"
         )
+    facts = {
+        "replace_run": replace_run,
+        "probed": probed,
+        "resumed": resumed is not None,
+        "done": done,
+        "resumes": resumes,
+        "layout": layout,
+        "shard": shard,
+        "sequence_note": sequence_note,
+    }
+    return _session(cfg, data, env, backend, run_dir, resumed, facts)
+
+
+def _session(
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    run_dir: Path,
+    resumed: dict[str, Any] | None,
+    facts: dict[str, Any],
+) -> Session:
+    """The model (from `seed`, or the resumed checkpoint), Adam, the epochs' sampler and the
+    held-out sets on the device, in the Session with `facts` (the run's resolved start)."""
     model_cfg = _model_config(cfg, data)
     device = torch.device(backend.torch_device)
     amp_dtype = set_precision(cfg, backend)
@@ -93,31 +127,52 @@ def start(
         load_pretrained(model, cfg, data)
     n_params = count_parameters(model)
     optimizer, scaler = make_optimizer(model, cfg, backend, device, amp_dtype)
+    layout = facts["layout"]
     restored = {}
     if resumed:
-        assert saved is not None
-        restored = _restore(cfg, env, resumed, saved, model, optimizer, scaler, resumes, done,
-                            layout.mode)  # fmt: skip
+        restored = _restore(
+            cfg,
+            env,
+            resumed,
+            (model, optimizer, scaler),
+            facts["resumes"],
+            facts["done"],
+            layout.mode,
+        )
     ddp: torch.nn.Module = model
     if env.enabled:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, device_ids=[device.index] if backend.is_cuda else None)
-    sampler, local_batch = _sampler(cfg, data, env, backend, shard["rank_rows"], layout)
-    sequences, calibration = _sequences(cfg, data, env, backend, layout)
+    sampler, local_batch = _sampler(cfg, data, env, backend, facts["shard"]["rank_rows"], layout)
+    sequences, calibration = sequence_inputs(cfg, data, env, backend, layout)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = selecting_split(data)
-    held = eval_sets(cfg, data, env, backend)
-    full = full_sets(cfg, data, backend, select)
-    return Session(cfg=cfg, data=data, env=env, backend=backend, run_dir=run_dir,
-                   model_cfg=model_cfg, device=device, amp_dtype=amp_dtype, model=model, ddp=ddp,
-                   optimizer=optimizer, scaler=scaler, n_params=n_params, sampler=sampler,
-                   local_batch=local_batch, eval_sets=held, full_sets=full, select=select,
-                   dataset_info=describe_dataset(cfg, data), replace_run=replace_run, probed=probed,
-                   resumed=resumed is not None, done=done, resumes=resumes, layout=layout,
-                   shard=shard, sequences=sequences, calibration=calibration,
-                   sequence_note=sequence_note,
-                   **restored)  # fmt: skip
+    return Session(
+        cfg=cfg,
+        data=data,
+        env=env,
+        backend=backend,
+        run_dir=run_dir,
+        model_cfg=model_cfg,
+        device=device,
+        amp_dtype=amp_dtype,
+        model=model,
+        ddp=ddp,
+        optimizer=optimizer,
+        scaler=scaler,
+        n_params=n_params,
+        sampler=sampler,
+        local_batch=local_batch,
+        eval_sets=eval_sets(cfg, data, env, backend),
+        full_sets=full_sets(cfg, data, backend, select),
+        select=select,
+        dataset_info=describe_dataset(cfg, data),
+        sequences=sequences,
+        calibration=calibration,
+        **facts,
+        **restored,
+    )
 
 
 def _resumed(
@@ -161,12 +216,18 @@ def resolve_options(
     wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
     # Past the first tier the size default has no order term; where the validation probe finds
     # a time signal (a sequential log), it is turned on as in the first tier.
-    order_probe = (not cfg.order_factors and given["order_factors"] is None and saved is None
-                   and data.train_age is not None)  # fmt: skip
+    order_probe = (
+        not cfg.order_factors
+        and given["order_factors"] is None
+        and saved is None
+        and data.train_age is not None
+    )
     if wanted or order_probe:
         # The size default says "on": the validation split decides whether time says anything.
-        probed = (_shared_probe(data, env, backend) if sharded
-                  else recency.probe(data, backend.xp, seed=0))  # fmt: skip
+        if sharded:
+            probed = _shared_probe(data, env, backend)
+        else:
+            probed = recency.probe(data, backend.xp, seed=0)
         if wanted and (probed is None or not probed.on):
             cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
         if order_probe and probed is not None and probed.on:
@@ -184,9 +245,13 @@ SHARD_OFF = "the default is off under --shard users: a rank holds only its own u
 
 
 def sequence_window(
-    cfg: TrainConfig, data: PreparedData, backend: Backend, asked: int | None,
-    saved: dict[str, Any] | None, sharded: bool,
-) -> tuple[TrainConfig, str | None]:  # fmt: skip
+    cfg: TrainConfig,
+    data: PreparedData,
+    backend: Backend,
+    asked: int | None,
+    saved: dict[str, Any] | None,
+    sharded: bool,
+) -> tuple[TrainConfig, str | None]:
     """The sequence term's window as a new run trains it, and why it differs from the one
     `asked` for (None: the default), if it does: the default turns itself off under --shard
     users (an explicit window is refused there); a window longer than the longest training
@@ -197,9 +262,12 @@ def sequence_window(
         return cfg, None
     if sharded:
         if asked:  # `--shard auto` chose users: the launcher refuses `--shard users` itself
-            raise NcfError(f"--sequence-length {length}: {SHARD_SEQUENCE}, and --shard auto chose "
-                           "users (the data would not fit each rank whole); drop "
-                           "--sequence-length, or give --shard none", exit_code=2)  # fmt: skip
+            raise NcfError(
+                f"--sequence-length {length}: {SHARD_SEQUENCE}, and --shard auto chose "
+                "users (the data would not fit each rank whole); drop "
+                "--sequence-length, or give --shard none",
+                exit_code=2,
+            )
         return replace(cfg, sequence_length=0), SHARD_OFF
     check_ages(cfg, data, "--sequence-length")
     longest = _longest_history(data, backend)
@@ -214,7 +282,7 @@ def _longest_history(data: PreparedData, backend: Backend) -> int:
     return host_int(ages.max(), backend.xp) + 1 if ages is not None and ages.shape[0] else 1
 
 
-def _as_capped(asked: int, saved: dict[str, Any], data: PreparedData, backend: Backend) -> int:
+def as_capped(asked: int, saved: dict[str, Any], data: PreparedData, backend: Backend) -> int:
     """On --resume, the run's own window where `asked` is the one it was capped from (it
     trained at the longest history, shorter than asked): resuming with the command that
     started it is not a change of the architecture."""
@@ -233,18 +301,17 @@ def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency
     """The validation probe on rank 0's shard, its verdict sent to every rank: the probe reads
     co-occurrence across users, which no shard holds whole, and the ranks must agree on the
     options. Rank 0's users are a sample of about 1/W of them, as the probe samples anyway."""
-    import torch
-
     mine = recency.probe(data, backend.xp, seed=0) if env.is_main else None
     row = torch.zeros(6, dtype=torch.float64, device=backend.torch_device)
     if mine is not None:
-        row += torch.tensor([1.0, mine.z, mine.mean_difference, mine.users, mine.threshold,
-                             float(mine.on)], dtype=torch.float64)  # fmt: skip
+        found = [1.0, mine.z, mine.mean_difference, mine.users, mine.threshold, float(mine.on)]
+        row += torch.tensor(found, dtype=torch.float64)
     got = dist_env.all_reduce_sum(row, env).cpu().tolist()
     if not got[0]:
         return None
-    return recency.Probe(z=got[1], mean_difference=got[2], users=int(got[3]), threshold=got[4],
-                         on=bool(got[5]))  # fmt: skip
+    return recency.Probe(
+        z=got[1], mean_difference=got[2], users=int(got[3]), threshold=got[4], on=bool(got[5])
+    )
 
 
 def check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
@@ -252,21 +319,31 @@ def check_ages(cfg: TrainConfig, data: PreparedData, flag: str) -> None:
     time order of its positives."""
     if data.train_age is not None:
         return
-    why = (f"it was prepared with --split {data.split_method}" if data.split_method != "time"
-           else "it was prepared by an ncf older than 0.2")  # fmt: skip
-    raise NcfError(f"{flag} needs the time order of the training positives, and "
-                   f"{cfg.data_dir} has none ({why}); drop {flag}, or re-run "
-                   "`ncf prepare` (with --split time)", exit_code=2)  # fmt: skip
+    why = "it was prepared by an ncf older than 0.2"
+    if data.split_method != "time":
+        why = f"it was prepared with --split {data.split_method}"
+    raise NcfError(
+        f"{flag} needs the time order of the training positives, and "
+        f"{cfg.data_dir} has none ({why}); drop {flag}, or re-run "
+        "`ncf prepare` (with --split time)",
+        exit_code=2,
+    )
 
 
 def _model_config(cfg: TrainConfig, data: PreparedData) -> ModelConfig:
     try:
-        return ModelConfig(kind=cfg.model or "neumf", n_users=data.n_users, n_items=data.n_items,
-                           factors=cfg.factors or 1, layers=tuple(cfg.layers or (2,)),
-                           dropout=cfg.dropout or 0.0, order_factors=cfg.order_factors or 0,
-                           sequence_length=cfg.sequence_length or 0,
-                           sequence_factors=cfg.sequence_factors or 64,
-                           sequence_weight=float(cfg.sequence_weight or 1.0))  # fmt: skip
+        return ModelConfig(
+            kind=cfg.model or "neumf",
+            n_users=data.n_users,
+            n_items=data.n_items,
+            factors=cfg.factors or 1,
+            layers=tuple(cfg.layers or (2,)),
+            dropout=cfg.dropout or 0.0,
+            order_factors=cfg.order_factors or 0,
+            sequence_length=cfg.sequence_length or 0,
+            sequence_factors=cfg.sequence_factors or 64,
+            sequence_weight=float(cfg.sequence_weight or 1.0),
+        )
     except ValueError as e:
         raise NcfError(str(e), exit_code=2) from None
 
@@ -275,24 +352,22 @@ def _restore(
     cfg: TrainConfig,
     env: DistEnv,
     resumed: dict[str, Any],
-    saved: dict[str, Any],
-    model: torch.nn.Module,
-    optimizer: Any,
-    scaler: torch.amp.GradScaler,
+    into: tuple[torch.nn.Module, Any, torch.amp.GradScaler],
     resumes: list[dict[str, Any]],
     done: int,
     mode: str = "none",
 ) -> dict[str, Any]:
     """Load the checkpoint into the model, Adam and the loss scaler, record this resume (what it
     changed) in `resumes`, and return the Session fields it carries (history, best, the step
-    and loss sums of a stop mid-epoch)."""
+    and loss sums of a stop mid-epoch). `into`: the model, Adam and the loss scaler."""
+    model, optimizer, scaler = into
     model.load_state_dict(resumed["model"])
     if "optimizer" in resumed:
         optimizer.load_state_dict(resumed["optimizer"])
     if resumed.get("scaler"):
         scaler.load_state_dict(resumed["scaler"])
-    out: dict[str, Any] = {"history": list(resumed.get("history") or []),
-                           "best": resumed.get("best")}  # fmt: skip
+    out: dict[str, Any] = {"history": list(resumed.get("history") or [])}
+    out["best"] = resumed.get("best")
     start_step = 0
     # A step inside an epoch is one of that layout's: the ranks' samples depend on it.
     had = resumed.get("shard") or "none"  # a checkpoint from before --shard: every rank had all
@@ -304,7 +379,7 @@ def _restore(
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
     for g in optimizer.param_groups:
         g["betas"], g["eps"] = betas, float(cfg.eps or 1e-8)
-    changed = option_changes(saved, tunables(cfg))
+    changed = option_changes(resumed["train_config"], tunables(cfg))
     if resumed.get("world_size") not in (None, env.world_size):
         changed["world_size"] = [resumed.get("world_size"), env.world_size]
     if had != mode:
@@ -314,27 +389,45 @@ def _restore(
 
 
 def _sampler(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, rank_rows: list[int],
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    rank_rows: list[int],
     layout: Layout,
-) -> tuple[NegativeSampler, int]:  # fmt: skip
+) -> tuple[NegativeSampler, int]:
     """The epochs' sampler (recency weights and the order term's previous items on the device)
     and this rank's batch; sets the CPU's threads for that batch. A shard's sampler draws from
     its own rows, as many samples as the largest shard has (data/batches.py)."""
     assert cfg.batch_size is not None
     pos_weight = None
     if cfg.recency_weight:
-        pos_weight = recency.recency_weights(data.train_age, float(cfg.recency_weight),
-                                             float(cfg.recency_span or 1.0), backend.xp,
-                                             data.train_users, data.n_users)  # fmt: skip
+        pos_weight = recency.recency_weights(
+            data.train_age,
+            float(cfg.recency_weight),
+            float(cfg.recency_span or 1.0),
+            backend.xp,
+            data.train_users,
+            data.n_users,
+        )
     pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
     neg = cfg.neg_per_pos or 4
     common, stream = None, 0
     if layout.sharded:
         common = max(rank_rows) * (1 + neg)
         stream = 1 + min(layout.buckets[env.rank])  # its own draws: a function of its buckets
-    sampler = NegativeSampler(data, backend, neg, approx=bool(cfg.approx_negatives),
-                              seed=cfg.seed or 0, env=env, pos_weight=pos_weight,
-                              pos_prev=pos_prev, common=common, stream=stream)  # fmt: skip
+    sampler = NegativeSampler(
+        data,
+        backend,
+        neg,
+        approx=bool(cfg.approx_negatives),
+        seed=cfg.seed or 0,
+        env=env,
+        pos_weight=pos_weight,
+        pos_prev=pos_prev,
+        common=common,
+        stream=stream,
+    )
     local_batch = (
         cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
     )
@@ -345,7 +438,7 @@ def _sampler(
 CALIBRATION_USERS = 2048  # users whose score spreads set the sequence term's scale
 
 
-def _sequences(
+def sequence_inputs(
     cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, layout: Layout
 ) -> tuple[SequenceBatches | None, tuple[torch.Tensor, torch.Tensor] | None]:
     """With a sequence term: its training batches, and the users (an even spread of at most
@@ -354,8 +447,11 @@ def _sequences(
     if not length:
         return None, None
     if layout.sharded:  # a resumed run's term (a new run's is refused or off: sequence_window)
-        raise NcfError(f"--shard users: {SHARD_SEQUENCE}, and this run was trained with the "
-                       "term; resume it with --shard none", exit_code=2)  # fmt: skip
+        raise NcfError(
+            f"--shard users: {SHARD_SEQUENCE}, and this run was trained with the "
+            "term; resume it with --shard none",
+            exit_code=2,
+        )
     check_ages(cfg, data, "--sequence-length")
     batches = SequenceBatches(data, length, backend, env, seed=cfg.seed or 0)
     stride = max(1, -(-data.n_users // CALIBRATION_USERS))
