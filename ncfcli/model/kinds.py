@@ -12,7 +12,6 @@ from collections.abc import Sequence
 NCF = ("neumf", "gmf", "mlp", "mf")
 BASELINES = ("pop", "itemknn", "ease", "als")
 ALL = NCF + BASELINES
-KINDS = BASELINES  # the name tuning/search.py still imports; BASELINES is the registry's
 # The kinds with each tower: the GMF/MF embedding (--factors) and the MLP (--layers).
 WITH_GMF = ("neumf", "gmf", "mf")
 WITH_MLP = ("neumf", "mlp")
