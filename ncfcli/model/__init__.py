@@ -12,8 +12,8 @@ is the predicted probability of an interaction. Ids are dense (as prepared), int
 
 Any kind may add an order term (`order_factors` > 0, FPMC-style: Rendle et al., 2010): the
 logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before; and
-a sequence term (`sequence_length` L > 0, SASRec-style: Kang and McAuley, 2018): scale x <h, E[item]>,
-h the state of a causal self-attention encoder after the user's latest L items.
+a sequence term (a window of L > 0 items, SASRec-style: Kang and McAuley, 2018): scale x
+<h, E[item]>, h the state of a causal self-attention encoder after the user's latest L items.
 
 One file per part of the paper, each with its equations and tensor shapes:
 
