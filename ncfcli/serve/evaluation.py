@@ -28,18 +28,11 @@ import torch
 from ncfcli.backend import get_backend
 from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv, all_reduce_sum
+from ncfcli.launch import distributed as dist_env
+from ncfcli.launch.distributed import DistEnv
 from ncfcli.rundir import eval_record
 from ncfcli.rundir.checkpoint import load_run
-from ncfcli.scoring.metrics import (
-    TIE_RULE,
-    budget_rows,
-    full_split,
-    full_split_ranks,
-    metric_sums,
-    sampled_ranks,
-    sums_to_metrics,
-)
+from ncfcli.scoring import metrics
 from ncfcli.scoring.scorer import device_context
 from ncfcli.serve.config import FULL, EvalConfig
 
@@ -68,7 +61,7 @@ def rows_for(
     if batch_rows is not None:
         return batch_rows
     # model None: priced as forward() pairs
-    return budget_rows(model, backend.torch_device, None, candidates, own_items)
+    return metrics.budget_rows(model, backend.torch_device, None, candidates, own_items)
 
 
 def resolve_data(run: Any, data_path: str | Path | None, backend: Any) -> tuple[Any, str | None]:
@@ -145,24 +138,24 @@ def evaluate(
             start, end = env.shard(data.n_users)
             # Ranks past max(K) count the same (metric_sums clamps there): a user leaves the
             # scoring once max(K) candidates beat their positive.
-            fs = full_split(data, cfg.split, backend, prev)
-            ranks = full_split_ranks(model, fs, start, end, rows, max(cfg.ks))
+            fs = metrics.full_split(data, cfg.split, backend, prev)
+            ranks = metrics.full_split_ranks(model, fs, start, end, rows, max(cfg.ks))
         else:
             start, end = env.shard(int(users_np.shape[0]))
             users = backend.to_torch(users_np).to(device)[start:end].long()
             held = backend.to_torch(held_np).to(device)[start:end]
             negatives = backend.to_torch(negatives_np).to(device)[start:end]
             context = prev[users] if prev is not None else None
-            ranks = sampled_ranks(model, users, held, negatives, rows, context)
-        sums = all_reduce_sum(metric_sums(ranks, cfg.ks), env)
+            ranks = metrics.sampled_ranks(model, users, held, negatives, rows, context)
+        sums = dist_env.all_reduce_sum(metrics.metric_sums(ranks, cfg.ks), env)
     backend.synchronize()
     return {
         "split": cfg.split,
         "dataset_split": data.split_method,
         "protocol": protocol,
-        "tie_rule": TIE_RULE,
+        "tie_rule": metrics.TIE_RULE,
         "candidates": candidates,
-        "metrics": sums_to_metrics(sums, cfg.ks),
+        "metrics": metrics.sums_to_metrics(sums, cfg.ks),
         "users": int(sums[-1].item()),
     }
 
