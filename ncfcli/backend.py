@@ -28,7 +28,7 @@ DEVICES = ("auto", "cpu", "cuda")
 
 
 @functools.cache
-def _driver_present() -> bool:
+def driver_present() -> bool:
     """Whether an NVIDIA driver could be here at all: its device node or libcuda.
 
     Importing CuPy costs about 0.8 s even where it then finds no GPU, which a CPU machine that
@@ -51,9 +51,9 @@ def _note(message: str) -> None:
 
 
 @functools.cache
-def _cupy_probe() -> tuple[ModuleType | None, str]:
+def cupy_probe() -> tuple[ModuleType | None, str]:
     """(cupy, "") when CuPy imports and sees a GPU, else (None, why not)."""
-    if not _driver_present():
+    if not driver_present():
         return None, "no NVIDIA driver found"
     if importlib.util.find_spec("cupy") is None:
         return None, "CuPy is not installed (see docs/gpu.md, Install)"
@@ -68,9 +68,9 @@ def _cupy_probe() -> tuple[ModuleType | None, str]:
     return cupy, ""
 
 
-def _cupy() -> ModuleType | None:
+def cupy_module() -> ModuleType | None:
     """CuPy if it imports and sees at least one GPU, else None."""
-    return _cupy_probe()[0]
+    return cupy_probe()[0]
 
 
 def _driver_cuda(cp: ModuleType) -> str:
@@ -91,7 +91,7 @@ def _torch_cuda_probe() -> tuple[int, str]:
     """
     import torch
 
-    cp = _cupy()
+    cp = cupy_module()
     built = getattr(torch.version, "cuda", None)
     if built is None:
         return 0, f"torch {torch.__version__} is a CPU-only build (install a CUDA 12 build)"
@@ -115,7 +115,7 @@ def cuda_status() -> tuple[int, str]:
     CuPy alone is not enough: a CPU-only torch, or a torch built for a newer CUDA major than the
     driver supports, would fail at the first torch.cuda call.
     """
-    cp, why = _cupy_probe()
+    cp, why = cupy_probe()
     if cp is None:
         return 0, why
     n_cupy = int(cp.cuda.runtime.getDeviceCount())
@@ -139,7 +139,7 @@ def cudf_installed() -> bool:
 
 @functools.cache
 def _cudf() -> ModuleType | None:
-    cp = _cupy()
+    cp = cupy_module()
     if cp is None or not cudf_installed():
         return None
     allocator = cp.cuda.get_allocator()
@@ -169,7 +169,7 @@ def visible_devices() -> list[str] | None:
 
 
 def gpu_names() -> list[str]:
-    cp = _cupy()
+    cp = cupy_module()
     if cp is None:
         return []
     names = []
@@ -193,13 +193,21 @@ def _cuda_init(device_index: int) -> None:
     can only be swapped before torch initialises CUDA, which `torch.cuda.set_device` does. So:
     RMM first, then torch's allocator, then bind the device.
     """
-    cp = _cupy()
+    cp = cupy_module()
     assert cp is not None
     import torch
 
     _ALLOC["name"] = _use_rmm(cp, torch, device_index)
     cp.cuda.Device(device_index).use()
     torch.cuda.set_device(device_index)
+
+
+def forget_probes() -> None:
+    """Forget what the probes found (GPUs, CuPy, cuDF, the allocator, the notes given), so the
+    next call looks again: the tests give each case its own fake machine."""
+    for probe in (cupy_probe, _torch_cuda_probe, cuda_status, _cudf, _cuda_init, _note):
+        probe.cache_clear()
+    _ALLOC.clear()
 
 
 def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
@@ -250,7 +258,7 @@ _POOL_PEAK: dict[int, int] = {}  # CuPy pool bytes before build_stream released 
 @functools.cache
 def _side_stream(device_index: int) -> Any:
     """One non-blocking CUDA stream per device for Backend.build_stream (call with it current)."""
-    return _cupy().cuda.Stream(non_blocking=True)  # type: ignore[union-attr]
+    return cupy_module().cuda.Stream(non_blocking=True)  # type: ignore[union-attr]
 
 
 def allocator() -> str | None:
@@ -285,7 +293,7 @@ class Backend:
 
     def to_numpy(self, a: Any) -> np.ndarray:
         if self.is_cuda:
-            return _cupy().asnumpy(a)  # type: ignore[union-attr]
+            return cupy_module().asnumpy(a)  # type: ignore[union-attr]
         return np.asarray(a)
 
     # ---- torch handoff ---------------------------------------------------------------------
@@ -303,7 +311,7 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for all work on this GPU, every stream's (a no-op on the CPU)."""
         if self.is_cuda:
-            _cupy().cuda.Device(self.device_index).synchronize()  # type: ignore[union-attr]
+            cupy_module().cuda.Device(self.device_index).synchronize()  # type: ignore[union-attr]
 
     def synchronize_stream(self) -> None:
         """Wait for the work queued on this thread's current torch stream only (training's).
@@ -329,7 +337,7 @@ class Backend:
         if not self.is_cuda:
             yield
             return
-        cp = _cupy()
+        cp = cupy_module()
         assert cp is not None
         with cp.cuda.Device(self.device_index):
             stream = _side_stream(self.device_index)
@@ -361,7 +369,7 @@ class Backend:
         peak = int(torch.cuda.max_memory_allocated(self.device_index))
         if rmm_peak is not None:
             return peak + rmm_peak
-        pool = _cupy().get_default_memory_pool()  # type: ignore[union-attr]
+        pool = cupy_module().get_default_memory_pool()  # type: ignore[union-attr]
         return peak + max(int(pool.total_bytes()), _POOL_PEAK.get(self.device_index, 0))
 
     def free_memory_bytes(self) -> int | None:
@@ -369,7 +377,7 @@ class Backend:
         reports it (GPU-only line, docs/gpu.md), else the kernel's MemAvailable; None where that
         cannot be told."""
         if self.is_cuda:
-            free, _total = _cupy().cuda.runtime.memGetInfo()  # type: ignore[union-attr]
+            free, _total = cupy_module().cuda.runtime.memGetInfo()  # type: ignore[union-attr]
             return int(free)
         return host_available_bytes()
 
@@ -410,11 +418,11 @@ def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
     count, why = cuda_status()
     if count == 0:
         if device == "auto":
-            if _driver_present():
+            if driver_present():
                 _note(f"--device auto: using the CPU: {why}")
             return Backend("cpu", np, 0)
         raise NcfError(f"--device cuda: {why}; use --device cpu, or see docs/gpu.md, Install")
-    cp = _cupy()
+    cp = cupy_module()
     assert cp is not None
     index = device_index % count
     _cuda_init(index)
@@ -430,7 +438,7 @@ def array_backend(device: str) -> Backend:
     splits and draws with CuPy, from CuPy's own pool."""
     if device != "cuda":
         return Backend("cpu", np, 0)
-    cp, why = _cupy_probe()
+    cp, why = cupy_probe()
     if cp is None:
         raise NcfError(f"a Dask GPU worker cannot use its GPU: {why}")
     cp.cuda.Device(0).use()

@@ -30,16 +30,6 @@ from ncfcli import backend
 from ncfcli.errors import NcfError
 from ncfcli.launch.distributed import env_from_environ
 
-_CACHED = (
-    "_cupy",
-    "_cupy_probe",
-    "_torch_cuda_probe",
-    "cuda_status",
-    "_cudf",
-    "_cuda_init",
-    "_note",
-)
-
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
     mod = types.ModuleType(name)
@@ -136,7 +126,7 @@ class FakeGPU:
         )
         monkeypatch.setitem(sys.modules, "cupy", cupy)
         monkeypatch.setitem(sys.modules, "torch", torch)
-        monkeypatch.setattr(backend, "_driver_present", lambda: True)
+        monkeypatch.setattr(backend, "driver_present", lambda: True)
         if not self.rmm:
             monkeypatch.setattr(backend.importlib.util, "find_spec", _hide("rmm"))
             return
@@ -209,16 +199,9 @@ def _hide(*names: str) -> Any:
 def fresh_backend() -> Iterator[None]:
     """Each test decides what the machine has: forget what earlier calls found."""
 
-    def clear() -> None:
-        for name in _CACHED:
-            cached = getattr(backend, name, None)
-            if hasattr(cached, "cache_clear"):
-                cached.cache_clear()
-        getattr(backend, "_ALLOC", {}).clear()
-
-    clear()
+    backend.forget_probes()
     yield
-    clear()
+    backend.forget_probes()
 
 
 def _gpu(monkeypatch: pytest.MonkeyPatch, **kw: Any) -> FakeGPU:
@@ -274,7 +257,7 @@ def test_auto_is_silent_where_no_driver_exists(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _gpu(monkeypatch)
-    monkeypatch.setattr(backend, "_driver_present", lambda: False)
+    monkeypatch.setattr(backend, "driver_present", lambda: False)
     assert backend.get_backend("auto").name == "cpu"
     assert capsys.readouterr().err == ""
 

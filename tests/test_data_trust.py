@@ -268,8 +268,8 @@ def test_a_gpu_workers_task_does_not_load_torch(tmp_path: Path,
     for name in dir(np):  # the array API the split calls, NumPy's
         if not name.startswith("_") and not hasattr(cupy, name):
             setattr(cupy, name, getattr(np, name))
-    monkeypatch.setattr(backend_module, "_cupy_probe", lambda: (cupy, ""))
-    monkeypatch.setattr(backend_module, "_cupy", lambda: cupy)
+    monkeypatch.setattr(backend_module, "cupy_probe", lambda: (cupy, ""))
+    monkeypatch.setattr(backend_module, "cupy_module", lambda: cupy)
     monkeypatch.setitem(sys.modules, "torch", None)  # importing torch fails
     users = np.repeat(np.arange(3, dtype=np.int32), 4)
     items = np.tile(np.arange(4, dtype=np.int32), 3)
@@ -302,8 +302,8 @@ def test_auto_compares_with_host_memory_where_parsing_is_on_the_host(
     fit the host's free memory too, not only the GPU's."""
     from ncfcli.data.engines.choose import choose_engine
 
-    monkeypatch.setattr("ncfcli.backend.cudf_installed", lambda: cudf)
-    monkeypatch.setattr("ncfcli.backend.host_available_bytes", lambda: 1 << 30)  # 1 GiB
+    monkeypatch.setattr("ncfcli.data.engines.choose.cudf_installed", lambda: cudf)
+    monkeypatch.setattr("ncfcli.data.engines.choose.host_available_bytes", lambda: 1 << 30)  # 1 GiB
     monkeypatch.setattr(
         "ncfcli.data.engines.choose.estimate_rows", lambda config: 20_000_000
     )  # 2 GB

@@ -238,7 +238,7 @@ def test_gpu_read_gives_the_cpu_bytes(corpus: dict, tmp_path: Path, name: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     src, flags, _ = corpus[name]
     assert prepare(src, tmp_path / "cpu", *flags).exit_code == 0
-    monkeypatch.setattr(raw, "_gpu_reader", lambda backend: pandas_reader)
+    monkeypatch.setattr(raw, "gpu_reader", lambda backend: pandas_reader)
     res = prepare(src, tmp_path / "gpu", *flags)
     assert res.exit_code == 0, res.output
     assert dataset_bytes(tmp_path / "gpu") == dataset_bytes(tmp_path / "cpu")
@@ -252,7 +252,7 @@ def test_late_values_leave_the_fast_path(tmp_path: Path, monkeypatch: pytest.Mon
         if name == "late-string-id":
             assert users.dtype == object and "1" in users.tolist()  # every id a string
         with monkeypatch.context() as m:
-            m.setattr(raw, "_gpu_reader", lambda backend: pandas_reader)
+            m.setattr(raw, "gpu_reader", lambda backend: pandas_reader)
             assert prepare(src, tmp_path / name / "gpu").exit_code == 0
         assert dataset_bytes(tmp_path / name / "gpu") == dataset_bytes(tmp_path / name / "cpu")
     # The fractional time is the latest event of user 7: it must be its test item.
@@ -288,7 +288,7 @@ def test_bad_values_name_file_line_and_column(tmp_path: Path, monkeypatch: pytes
     errors = []
     for path in ("cpu", "gpu"):
         if path == "gpu":
-            monkeypatch.setattr(raw, "_gpu_reader", lambda backend: pandas_reader)
+            monkeypatch.setattr(raw, "gpu_reader", lambda backend: pandas_reader)
         res = prepare(src, tmp_path / path)
         assert res.exit_code != 0
         err = res.stderr.strip()
@@ -332,7 +332,7 @@ def test_empty_rating_is_unrated_on_both_paths(tmp_path: Path,
     metas = []
     for path in ("cpu", "gpu"):
         if path == "gpu":
-            monkeypatch.setattr(raw, "_gpu_reader", lambda backend: pandas_reader)
+            monkeypatch.setattr(raw, "gpu_reader", lambda backend: pandas_reader)
         assert prepare(src, tmp_path / path, "--min-rating", "4").exit_code == 0
         metas.append(read_meta(tmp_path / path))
     assert metas[0]["n_below_min_rating"] == metas[1]["n_below_min_rating"] == 3

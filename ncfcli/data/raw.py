@@ -438,7 +438,7 @@ def table_columns(table: Any, wanted: list[str]) -> dict[str, Any]:
     return out
 
 
-def _gpu_reader(backend: Backend) -> Any:
+def gpu_reader(backend: Backend) -> Any:
     """cuDF's reader when the backend has cuDF, else None (tests put pandas in its place)."""
     return read_table_gpu if backend.frame_library == "cudf" else None
 
@@ -469,7 +469,7 @@ def _read_gpu(reader: Any, path: Path, layout: FileLayout, wanted: list[str]) ->
 
 
 def _read_columns(path: Path, layout: FileLayout, wanted: list[str], backend: Backend) -> dict:
-    reader = _gpu_reader(backend)
+    reader = gpu_reader(backend)
     if reader is not None and not (layout.fmt == "csv" and len(layout.sep) > 1):
         return _read_gpu(reader, path, layout, wanted)
     if layout.fmt == "parquet":
