@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncfcli.data.config import PrepareConfig
-from ncfcli.data.sources import resolve_prepared, resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import api_signature, from_keywords
 from ncfcli.serve.config import EvalConfig, ExportConfig, RecommendConfig
@@ -118,6 +117,7 @@ def train(
     None or absent means the dataset-size default (on resume=True: the run's own).
     Returns the TrainResult (run_dir, best_epoch, metrics, samples_per_second, ...).
     """
+    from ncfcli.data.sources import resolve_prepared  # numpy (data/raw.py): not for `ncf --help`
     from ncfcli.training.loop import train as run_train
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
@@ -137,6 +137,7 @@ def tune(
     trials=N); returns the report (report.json's content: the trials, the chosen one with its
     run directory and test figures, the importances) with `tune_dir`. quiet=False prints each
     trial's line on stderr, as the command does."""
+    from ncfcli.data.sources import resolve_prepared
     from ncfcli.tuning.run import tune as run_tune
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
@@ -150,6 +151,8 @@ def tune(
 
 
 def _run_dir(run: Any) -> Path:
+    from ncfcli.data.sources import resolve_run  # numpy (data/raw.py): not for `ncf --help`
+
     return resolve_run(getattr(run, "run_dir", run))
 
 
