@@ -1,6 +1,7 @@
 """Training, one file per step: `ncf train DATA_DIR [--out RUN_DIR]`.
 
-- loop.py: `train` and the loop (`_train`), the one function to read to know what a run does;
+- loop.py: `train` and the loop (`run_training`), the one function to read to know what a run
+  does;
 - config.py: the options (TrainConfig), their per-dataset defaults (`resolve`, `batch_lr`) and
   what --resume and --refit may change; defaults.py: the size table; recency.py: the recency
   weights and the validation probe that decides them;
@@ -8,7 +9,8 @@
 - session.py: the run's state while it trains (`Session`), built by start.py, updated by the loop;
 - optim.py: the optimizer, the lr of each step (warm-up, decay), micro-batch gradients;
 - validation.py: HR@10 and NDCG@10 on the validation split per epoch, and which epoch is the run's;
-- run.py: what a run records: config.json, checkpoints, metrics and logs, curves;
+- run.py: what a run records of its training (TrainResult, the epochs' records), written by
+  ncfcli/rundir/record.py;
 - refit.py: --refit and the pretrained towers; baselines.py: the baselines' one-go fit;
 - device.py: TF32, mixed precision, threads, out-of-memory errors; shard.py: the data over ranks.
 
