@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ncfcli.data.raw import extract_ratings
+from ncfcli.data.archive import extract_ratings
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, record_written
 from ncfcli.ui import err_console
