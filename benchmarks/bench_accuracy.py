@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from _common import MISSED, find_ml100k, machine, ncf_json, trained_settings
 
-from ncfcli.data.raw import extract_ratings, find_ratings_file
+from ncfcli.data.archive import extract_ratings, find_ratings_file
 from ncfcli.fsutil import atomic_path
 
 # Sparse: 10,000 synthetic users x 3,000 items, 110,000 interactions (11 per user on average;

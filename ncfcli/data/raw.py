@@ -36,13 +36,7 @@ from typing import Any
 
 from ncfcli.backend import Backend, read_table_gpu
 from ncfcli.data import values
-from ncfcli.data.archive import (  # noqa: F401  (re-exported: callers find them here)
-    RATINGS_FILES,
-    extract_ratings,
-    find_ratings_file,
-    is_zip,
-    sha256_file,
-)
+from ncfcli.data.archive import extract_ratings, find_ratings_file, is_zip, sha256_file
 from ncfcli.errors import NcfError
 
 _ML_COLUMNS = ["user", "item", "rating", "timestamp"]

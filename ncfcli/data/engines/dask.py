@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend, array_backend, get_backend
-from ncfcli.data import raw, sources, synthetic, values
+from ncfcli.data import archive, raw, sources, synthetic, values
 from ncfcli.data.blocks import (
     Block,
     Part,
@@ -260,7 +260,7 @@ def _input_files(
             "kind": "dataset",
             "name": config.source,
             "path": str(zip_path),
-            "sha256": raw.sha256_file(zip_path),
+            "sha256": archive.sha256_file(zip_path),
             "url": spec.url,
             "md5": spec.md5,
         }
@@ -271,11 +271,11 @@ def _input_files(
             f"({', '.join(sources.DATASETS)}) or 'synthetic'"
         )
     top = Path(config.source)
-    if top.is_file() and top.stat().st_size > 0 and raw.is_zip(top):
-        return [raw.extract_ratings(top, scratch)], top, "zip", {}
+    if top.is_file() and top.stat().st_size > 0 and archive.is_zip(top):
+        return [archive.extract_ratings(top, scratch)], top, "zip", {}
     if top.is_dir():
         try:  # a MovieLens folder: its ratings file, as the memory engine reads it
-            return [raw.find_ratings_file(top)], top, "folder", {}
+            return [archive.find_ratings_file(top)], top, "folder", {}
         except NcfError:
             return input_files(config.source), top, "folder", {}
     return input_files(config.source), top, "file", {}
@@ -285,7 +285,7 @@ def _file_source(config: PrepareConfig, files: list[Path], top: Path, kind: str)
     """meta.json's `source` for files read: the memory engine's record for one file; for
     several, their list and one sha256 over theirs."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        digests = list(pool.map(raw.sha256_file, files))
+        digests = list(pool.map(archive.sha256_file, files))
     if len(files) == 1:
         rel = str(files[0].relative_to(top)) if top.is_dir() else files[0].name
         return {
@@ -293,7 +293,7 @@ def _file_source(config: PrepareConfig, files: list[Path], top: Path, kind: str)
             "name": top.stem if kind == "zip" else top.name,
             "path": str(top.resolve()),
             "file": rel,
-            "sha256": raw.sha256_file(top) if kind == "zip" else digests[0],
+            "sha256": archive.sha256_file(top) if kind == "zip" else digests[0],
         }
     import hashlib
 

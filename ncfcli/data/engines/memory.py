@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ncfcli.backend import Backend
-from ncfcli.data import raw, sources, synthetic
+from ncfcli.data import archive, raw, sources, synthetic
 from ncfcli.data.buckets import (
     SplitRules,
     TooFewCandidates,
@@ -115,7 +115,7 @@ def load_raw(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
             kind="dataset",
             name=config.source,
             path=str(zip_path),
-            sha256=raw.sha256_file(zip_path),
+            sha256=archive.sha256_file(zip_path),
             url=spec.url,
             md5=spec.md5,
         )
