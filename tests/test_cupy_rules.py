@@ -255,17 +255,16 @@ def test_training_under_cupy_rules_gives_numpys_run(
     """`train()` itself (the data on the device, the epoch built on the prefetch thread, the
     evaluation set; with an order term, the previous items and contexts) with the strict
     module: the same losses and metrics as with NumPy."""
-    from ncfcli import train as train_mod
     from ncfcli.launch.distributed import DistEnv
     from ncfcli.training import loop as train_loop
     from ncfcli.training import shard as train_shard
+    from ncfcli.training.config import TrainConfig
 
     def run(out: Path) -> list[dict[str, Any]]:
-        cfg = train_mod.TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu",
-                                    epochs=2, batch_size=512, factors=4, layers=(8, 4),
-                                    dropout=0.2, neg_per_pos=3, seed=1,
-                                    order_factors=order)  # fmt: skip
-        train_mod.train(cfg, env=DistEnv())
+        cfg = TrainConfig(data_dir=str(prepared["numpy"]), out=str(out), device="cpu", epochs=2,
+                          batch_size=512, factors=4, layers=(8, 4), dropout=0.2, neg_per_pos=3,
+                          seed=1, order_factors=order)  # fmt: skip
+        train_loop.train(cfg, env=DistEnv())
         lines = (out / "metrics.jsonl").read_text().splitlines()
         keys = ("epoch", "loss", "validation", "test")
         return [{k: json.loads(line)[k] for k in keys} for line in lines]
