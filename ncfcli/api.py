@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncfcli.data.config import PrepareConfig
+from ncfcli.data.sources import resolve_prepared, resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import api_signature, from_keywords
 from ncfcli.serve.config import EvalConfig, ExportConfig, RecommendConfig
@@ -80,20 +81,18 @@ def prepare(
     **options: Any,
 ) -> Dataset:
     """`ncf prepare SOURCE`: a MovieLens name, a path or "synthetic" -> a prepared Dataset."""
-    from ncfcli.backend import get_backend
-    from ncfcli.data.preparation import prepare as run_prepare
+    from ncfcli.data.preparation import prepare_on
 
     config = from_keywords(PrepareConfig, {"source": source, "out": out, **options}, "prepare")
     config.validate()
-    backend = get_backend(device)
     progress = None
     if not quiet:
         progress = stage_progress(err_console())
     if progress is None:
-        meta = run_prepare(config, backend, None, quiet=True)
+        meta, _ = prepare_on(config, device, None, quiet=True)
     else:
         with progress:
-            meta = run_prepare(config, backend, progress, quiet=False)
+            meta, _ = prepare_on(config, device, progress, quiet=False)
     return Dataset(
         path=Path(meta["out"]),
         users=int(meta["n_users"]),
@@ -117,7 +116,6 @@ def train(
     None or absent means the dataset-size default (on resume=True: the run's own).
     Returns the TrainResult (run_dir, best_epoch, metrics, samples_per_second, ...).
     """
-    from ncfcli.data.sources import resolve_prepared  # numpy (data/raw.py): not for `ncf --help`
     from ncfcli.training.loop import train as run_train
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
@@ -137,7 +135,6 @@ def tune(
     trials=N); returns the report (report.json's content: the trials, the chosen one with its
     run directory and test figures, the importances) with `tune_dir`. quiet=False prints each
     trial's line on stderr, as the command does."""
-    from ncfcli.data.sources import resolve_prepared
     from ncfcli.tuning.run import tune as run_tune
 
     path = data.path if isinstance(data, Dataset) else resolve_prepared(data)
@@ -151,7 +148,6 @@ def tune(
 
 
 def _run_dir(run: Any) -> Path:
-    from ncfcli.data.sources import resolve_run  # numpy (data/raw.py): not for `ncf --help`
 
     return resolve_run(getattr(run, "run_dir", run))
 

@@ -22,12 +22,12 @@ from typer.testing import CliRunner
 from ncfcli import backend
 from ncfcli.cli import app
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import should_launch
 from ncfcli.launch.plan import (
     LaunchPlan,
     check_port_free,
     free_port,
     plan_launch,
-    should_launch,
     strip_launch_args,
     supervise,
 )

@@ -240,13 +240,13 @@ def sequence_length_files() -> list[str]:
 # ---- the checks ------------------------------------------------------------------------------
 
 
-@IN_PROGRESS
+
 def test_no_module_takes_another_modules_private_names() -> None:
     found = private_imports()
     assert not found, "private names used across modules (make them public):\n" + "\n".join(found)
 
 
-@IN_PROGRESS
+
 def test_few_imports_of_the_package_inside_functions() -> None:
     """Only the light modules (the CLI, the API, the configs) import heavy ones when called."""
     found = imports_in_functions()
@@ -256,7 +256,7 @@ def test_few_imports_of_the_package_inside_functions() -> None:
     )
 
 
-@IN_PROGRESS
+
 def test_few_fmt_skips() -> None:
     """ruff format lays the code out; a skip is kept only for a table that reads better aligned."""
     found = fmt_skips()
@@ -276,7 +276,7 @@ def test_imports_at_the_top_never_climb_the_steps() -> None:
     assert not found, "imports of a later step at a module's top:\n" + "\n".join(found)
 
 
-@IN_PROGRESS
+
 def test_the_sequence_length_is_named_in_few_files() -> None:
     """Following --sequence-length from its declaration to the ONNX graph touches few files."""
     found = sequence_length_files()

@@ -16,6 +16,7 @@ from ncfcli.cli.app import (
     run_arg,
     user_errors,
 )
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import aliases, build, with_options
 from ncfcli.serve.config import EvalConfig
@@ -43,7 +44,6 @@ def eval_run(
     else:
         del options["ks"]  # the default cut-offs
     cfg = build(EvalConfig, options)  # checked before the run is looked at, or torch loads
-    from ncfcli.data.sources import resolve_run  # numpy (data/raw.py): not for `ncf --help`
     from ncfcli.serve.evaluation import run_eval
 
     report = run_eval(resolve_run(run_dir), cfg, device)

@@ -7,6 +7,7 @@ from typing import Any
 import typer
 
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, run_arg, user_errors
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import OUTPUT, aliases, build, with_options
 from ncfcli.serve.config import ExportConfig
@@ -34,7 +35,6 @@ def export(
     Export and the parity checks run on the CPU, so there is no --device."""
     if not onnx:
         raise NcfError("choose a format: --onnx")
-    from ncfcli.data.sources import resolve_run  # numpy (data/raw.py): not for `ncf --help`
 
     path, cfg = resolve_run(run_dir), build(ExportConfig, options)  # before torch loads
     from ncfcli.serve.onnx_export import run_export

@@ -31,15 +31,13 @@ def prepare(
     quiet: bool = quiet_option("No progress lines."),
 ) -> None:
     """Turn raw interactions into a prepared dataset (leave-one-out split, test negatives)."""
-    from ncfcli.backend import get_backend  # numpy: not for `ncf --help`
-    from ncfcli.data.preparation import prepare as run_prepare
+    from ncfcli.data.preparation import prepare_on  # the runner: NumPy (or CuPy) loads here
 
     t0 = time.perf_counter()
     config = build(PrepareConfig, options)
     config.validate()
-    backend = get_backend(device)
     with stage_progress(err_console(), disable=quiet) as progress:
-        meta = run_prepare(config, backend, progress, quiet=quiet)
+        meta, backend = prepare_on(config, device, progress, quiet=quiet)
     _report(meta, backend, round(time.perf_counter() - t0, 3), json_out)
 
 

@@ -20,6 +20,7 @@ from ncfcli.cli.app import (
     run_arg,
     user_errors,
 )
+from ncfcli.data.sources import resolve_run
 from ncfcli.errors import NcfError
 from ncfcli.options import DATA, OUTPUT, aliases, build, with_options
 from ncfcli.serve.config import RecommendConfig
@@ -70,7 +71,6 @@ def recommend(
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
     raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
     cfg = build(RecommendConfig, options)  # checked before the runner (and torch) loads
-    from ncfcli.data.sources import resolve_run  # numpy (data/raw.py): not for `ncf --help`
     from ncfcli.serve.recommendation import run_recommend, run_recommend_all
 
     if all_users:

@@ -14,8 +14,7 @@ import typer
 
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import env_from_environ
-from ncfcli.launch.plan import check_launch_flags, launch_train, should_launch
+from ncfcli.launch.environment import check_launch_flags, env_from_environ, should_launch
 from ncfcli.model import kinds
 from ncfcli.model.config import describe_terms
 from ncfcli.options import DEVICES, aliases, build, prepared, with_options
@@ -109,6 +108,8 @@ def train(
     check_launch(cfg, procs)  # before any rank starts: a refusal costs no start-up
     if should_launch(nproc, gpus, nnodes):
         argv = ctx.meta.get("ncf_train_argv") or sys.argv[1:]
+        from ncfcli.launch.plan import launch_train  # the launcher: NumPy loads here
+
         code = launch_train(
             argv,
             nproc=nproc,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ncfcli.backend import Backend
+from ncfcli.backend import Backend, get_backend
 from ncfcli.data.config import SYNTHETIC, PrepareConfig  # PrepareConfig: imported from here too
 from ncfcli.data.engines.choose import choose_engine
 from ncfcli.data.engines.dask import prepare_dask
@@ -38,6 +38,15 @@ class _Stages:
         if task is not None:
             desc = f"{name}: {note['done']}" if "done" in note else name
             self.progress.update(task, completed=1, description=desc)
+
+
+def prepare_on(
+    config: PrepareConfig, device: str, progress: Any = None, quiet: bool = False
+) -> tuple[dict[str, Any], Backend]:
+    """`prepare` on the backend `device` names ("auto", "cpu", "cuda"): the commands' entry, so
+    they load the backend (NumPy, CuPy) only when they run."""
+    backend = get_backend(device)
+    return prepare(config, backend, progress, quiet), backend
 
 
 def prepare(

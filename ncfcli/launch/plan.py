@@ -42,26 +42,11 @@ from collections.abc import Sequence
 
 from ncfcli import backend
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import in_slurm_step
+from ncfcli.launch.environment import check_launch_flags
 from ncfcli.launch.workers import LaunchPlan, supervise
 
 LAUNCH_FLAGS = ("--gpus", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
 DEFAULT_MULTINODE_PORT = 29500
-
-
-def should_launch(
-    nproc: int | None, gpus: int | None, nnodes: int = 1, environ: dict[str, str] | None = None
-) -> bool:
-    """Whether `ncf train` must start workers (True) or train in this process (False).
-
-    False inside a job that already has its ranks (torchrun, this launcher, SLURM srun), and
-    for a plain one-process run; True whenever a launch option was given otherwise, so that
-    `launch_train` validates it (`--nproc 0`, `--gpus 1` without a GPU) instead of ignoring it.
-    """
-    environ = dict(os.environ if environ is None else environ)
-    if environ.get("WORLD_SIZE") or in_slurm_step(environ):
-        return False
-    return gpus is not None or (nproc is not None and nproc != 1) or nnodes != 1
 
 
 def cpu_count() -> int:
@@ -133,39 +118,6 @@ def _train_args(argv: Sequence[str]) -> list[str]:
     starts with `train`); a list that leaves the command word out is taken as it is."""
     argv = list(argv)
     return argv[1:] if argv[:1] == ["train"] else argv
-
-
-def check_launch_flags(
-    nproc: int | None,
-    gpus: int | None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> None:
-    """One-line NcfError naming the flag for a launch option that cannot work (`--nproc 0`).
-
-    Needs no torch: `ncf train` calls it before loading torch, so a typo costs no wait.
-    """
-    if nproc is not None and gpus is not None:
-        raise NcfError(
-            "--nproc and --gpus cannot be used together: --gpus N starts one worker per GPU, "
-            "--nproc N starts N CPU workers"
-        )
-    for flag, value in (("--nproc", nproc), ("--gpus", gpus), ("--nnodes", nnodes)):
-        if value is not None and value < 1:
-            raise NcfError(f"{flag} must be >= 1, got {value}")
-    if not 0 <= node_rank < nnodes:
-        raise NcfError(
-            f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}"
-        )
-    if nnodes > 1 and not master_addr:
-        raise NcfError(
-            f"--nnodes {nnodes} needs --master-addr, the address of node 0 (where its launcher listens), "
-            "given the same on every node"
-        )
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise NcfError(f"--master-port must be in 1..65535, got {master_port}")
 
 
 def plan_launch(

@@ -6,7 +6,7 @@
   one at a time), and by F.embedding otherwise, so ONNX sees only standard ops;
 - `SplitLinear`: nn.Linear on a concatenation, without building it;
 - `dot_items` and `item_rows`: how score_all reads every item, a subset, or each user's own;
-- `_ReluDropout`: dropout(relu(x)) that saves half as much for its backward pass;
+- `ReluDropout`: dropout(relu(x)) that saves half as much for its backward pass;
 - `borrow`: how a tower reads the tables and layers that the NCF model owns and names.
 """
 
@@ -43,7 +43,7 @@ class _Gather(torch.autograd.Function):
         return acc.to(ctx.dtype), None
 
 
-class _ReluDropout(torch.autograd.Function):
+class ReluDropout(torch.autograd.Function):
     """dropout(relu(x), p) for training, x [B, h] -> [B, h], keeping only its output for the
     backward pass: the output is 0 exactly where the gradient is (ReLU cut it or dropout dropped
     it), so neither the ReLU's output nor dropout's mask is saved. The next layer saves the

@@ -19,7 +19,7 @@ function and gradient with less work or memory:
   batch is larger than half the tables (2B > n_users + n_items; ml-100k's 2^14 batch against
   2,625 rows) the tables are projected once per step and the projections gathered, which costs
   (n_users + n_items) x h instead of 2B x h multiply-adds per output width h, backward included;
-- each ReLU + dropout pair is one `_ReluDropout`, which saves only its output.
+- each ReLU + dropout pair is one `ReluDropout`, which saves only its output.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import SplitLinear, _ReluDropout, borrow, item_rows, rows
+from ncfcli.model.layers import ReluDropout, SplitLinear, borrow, item_rows, rows
 
 # Pairs per tile of `MLP.pair_layers` on a CPU: 2^16 pairs x ~100 float32 activations is ~25 MB,
 # within a server's L3. Measured on a 2-core EPYC (64-32 layers): idle, 2^14-2^16 tiles ran
@@ -114,15 +114,15 @@ class MLP(nn.Module):
     def hidden(self, h: torch.Tensor) -> torch.Tensor:
         """`rest` (ReLU, dropout, then Linear, ReLU, dropout per size) on the first layer's
         pre-activation h [B, layers[1]] -> phi_MLP [B, layers[-1]]; in training with dropout
-        each ReLU + dropout pair is one _ReluDropout, which saves half as much. Same modules,
+        each ReLU + dropout pair is one ReluDropout, which saves half as much. Same modules,
         so the same state_dict."""
         p = self.dropout
         if not (self.training and p > 0):
             return self.rest(h)
-        h = _ReluDropout.apply(h, p)
+        h = ReluDropout.apply(h, p)
         for layer in self.rest:
             if isinstance(layer, nn.Linear):
-                h = _ReluDropout.apply(layer(h), p)
+                h = ReluDropout.apply(layer(h), p)
         return h
 
     def add_scores(
