@@ -98,13 +98,6 @@ class Spec:
         return self.panel is None
 
 
-def prepared(value: Any) -> Any:
-    """`--data`'s parse: a prepared dataset's path or cache name -> its directory."""
-    from ncfcli.data.sources import resolve_prepared
-
-    return resolve_prepared(value)
-
-
 def opt(
     default: Any = dataclasses.MISSING, help: str = "", panel: str | None = "", **spec: Any
 ) -> Any:

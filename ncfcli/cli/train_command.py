@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
+from ncfcli.data.sources import resolve_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import check_launch_flags, env_from_environ, should_launch
 from ncfcli.model import kinds
 from ncfcli.model.config import describe_terms
-from ncfcli.options import DEVICES, aliases, build, prepared, with_options
+from ncfcli.options import DEVICES, aliases, build, with_options
 from ncfcli.rundir.logs import check_tensorboard
 from ncfcli.training.config import AMP_DTYPES, LR_DECAYS, SCALINGS, TrainConfig, check_launch
 from ncfcli.training.defaults import table_text
@@ -136,7 +137,7 @@ def _dataset(data_dir: str | None, out: Path | None, resume: bool) -> Path:
     run's own; read_meta says in one line when it is a file, a run or a missing folder."""
     from ncfcli.data.store import read_meta  # numpy: loaded once the flags are checked
 
-    path = prepared(data_dir) if data_dir is not None else _runs_dataset(out, resume)
+    path = resolve_prepared(data_dir) if data_dir is not None else _runs_dataset(out, resume)
     read_meta(path)
     return path
 

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncfcli.data.sources import resolve_prepared
 from ncfcli.errors import NcfError
-from ncfcli.options import DATA, EVAL, OUTPUT, opt, prepared, scoring_batch
+from ncfcli.options import DATA, EVAL, OUTPUT, opt, scoring_batch
 
 DEFAULT_KS = (1, 5, 10, 20)
 FULL = "full ranking"  # the protocol's name in every report
@@ -61,7 +62,7 @@ class EvalConfig:
         "Evaluate on this prepared dataset (path or cache name).",
         DATA,
         cli_type=str,
-        parse=prepared,
+        parse=resolve_prepared,
         shown="the run's own",
     )
     split: str = opt("test", "Held-out set: test, or validation (for choosing models).", EVAL)
@@ -99,7 +100,7 @@ class RecommendConfig:
         "Prepared dataset for id maps and training items.",
         DATA,
         cli_type=str,
-        parse=prepared,
+        parse=resolve_prepared,
         shown="the run's own",
     )
     fallback: str | None = opt(

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ncfcli.data.sources import resolve_prepared
 from ncfcli.errors import NcfError
-from ncfcli.options import DEVICE_HELP, DEVICES, EVAL, MODEL, OUTPUT, opt, prepared
+from ncfcli.options import DEVICE_HELP, DEVICES, EVAL, MODEL, OUTPUT, opt
 from ncfcli.training.config import SELECT_HELP, SELECT_METRICS
 
 KINDS = ("mf", "neumf", "gmf", "mlp", "pop", "itemknn", "ease", "als")
@@ -49,7 +50,7 @@ class TuneConfig:
         help="Prepared dataset directory (or its cache name).",
         panel=None,
         metavar="DATA_DIR",
-        parse=prepared,
+        parse=resolve_prepared,
     )
     out: str | None = opt(
         None,
