@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.sources import resolve_prepared, resolve_run
-from ncfcli.errors import NcfError
 from ncfcli.options import api_signature, from_keywords
-from ncfcli.serve.config import EvalConfig, ExportConfig, RecommendConfig
+from ncfcli.serve.config import EvalConfig, ExportConfig, RecommendConfig, RecommendFor
 from ncfcli.training.config import TrainConfig
 from ncfcli.tuning.config import TuneConfig
 from ncfcli.ui import epoch_progress, err_console, stage_progress
@@ -201,16 +200,15 @@ def recommend(
     `all_users=True`: the users' lists go to `out` (.parquet or .csv) and an AllUsersResult
     says what was written.
     """
+    given = {"users": users or (), "all_users": all_users, "out": out, "overwrite": overwrite}
+    whom = from_keywords(RecommendFor, given, "recommend")
     cfg = from_keywords(RecommendConfig, options, "recommend")  # checked before torch loads
     from ncfcli.serve.recommendation import run_recommend, run_recommend_all
 
-    if all_users:
-        if users:
-            raise NcfError("all_users=True takes no users")
-        if out is None:
-            raise NcfError("all_users=True needs out='FILE.parquet' (or .csv)")
-        return run_recommend_all(_run_dir(run), out, cfg, device, overwrite)
-    return run_recommend(_run_dir(run), [str(u) for u in users or []], cfg, device)
+    if whom.all_users:
+        assert whom.out is not None  # RecommendFor refuses all_users=True without out
+        return run_recommend_all(_run_dir(run), whom.out, cfg, device, whom.overwrite)
+    return run_recommend(_run_dir(run), whom.raw_users, cfg, device)
 
 
 # Each function's keywords, in its signature and its docstring, are its config's fields.

@@ -216,8 +216,8 @@ def _panel_rank(p: inspect.Parameter) -> int:
     return -1 if panel is None else PANELS.index(panel)
 
 
-def with_options(config: type, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
-    """Decorate a command whose parameter `options` receives the config's fields, parsed from
+def with_options(*configs: type, exclude: tuple[str, ...] = ()) -> Callable[[Any], Any]:
+    """Decorate a command whose parameter `options` receives the configs' fields, parsed from
     the command line as {field name: value}; the command's other parameters stay its own.
 
     Typer reads the command's parameters from `__signature__` and `__annotations__`: the
@@ -226,8 +226,13 @@ def with_options(config: type, exclude: tuple[str, ...] = ()) -> Callable[[Any],
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(func, eval_str=True)
-        added = cli_params(config, exclude)
-        names = {keyword(f, s): f.name for f, s in fields_of(config) if f.name not in exclude}
+        added = [p for config in configs for p in cli_params(config, exclude)]
+        names = {
+            keyword(f, s): f.name
+            for config in configs
+            for f, s in fields_of(config)
+            if f.name not in exclude
+        }
         params: list[inspect.Parameter] = []
         for p in own.parameters.values():
             if p.name == "options":

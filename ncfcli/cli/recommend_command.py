@@ -1,10 +1,9 @@
-"""`ncf recommend RUN_DIR`: its options are RecommendConfig's fields (ncfcli/serve/recommendation.py)
-and whom to recommend for (--user, --users-file, --all-users and its --out)."""
+"""`ncf recommend RUN_DIR`: its options are the fields of RecommendConfig (how) and RecommendFor
+(whom: --user, --users-file, --all-users and its --out), ncfcli/serve/config.py."""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
@@ -15,15 +14,13 @@ from ncfcli.cli.app import (
     app,
     device_option,
     json_option,
-    overwrite_option,
     quiet_option,
     run_arg,
     user_errors,
 )
 from ncfcli.data.sources import resolve_run
-from ncfcli.errors import NcfError
-from ncfcli.options import DATA, OUTPUT, aliases, build, with_options
-from ncfcli.serve.config import RecommendConfig
+from ncfcli.options import aliases, build, with_options
+from ncfcli.serve.config import RecommendConfig, RecommendFor
 from ncfcli.ui import err_console, out_console, print_json, summary_table
 
 ALIASES["recommend"] = aliases(RecommendConfig)
@@ -31,36 +28,11 @@ ALIASES["recommend"] = aliases(RecommendConfig)
 
 @app.command(cls=NcfCommand)
 @user_errors
-@with_options(RecommendConfig)
+@with_options(RecommendConfig, RecommendFor)
 def recommend(
     options: dict[str, Any],
     run_dir: str = run_arg(),
-    user: list[str] = typer.Option(
-        None,
-        "--user",
-        "-u",
-        help="Raw user id as in the source data (repeatable).",
-        rich_help_panel=DATA,
-        show_default=False,
-    ),
-    users_file: Path | None = typer.Option(
-        None, "--users-file", help="File with one raw user id per line.", rich_help_panel=DATA
-    ),
-    all_users: bool = typer.Option(
-        False,
-        "--all-users",
-        help="Every user of the dataset, into --out (Parquet or CSV).",
-        rich_help_panel=DATA,
-    ),
     device: str = device_option(),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        "-o",
-        help="--all-users: the .parquet or .csv file to write.",
-        rich_help_panel=OUTPUT,
-    ),
-    overwrite: bool = overwrite_option("Replace ncf's own earlier --out file (never other files)."),
     json_out: bool = json_option("One JSON object per user per line: user, items, scores."),
     quiet: bool = quiet_option("No notes on stderr (unknown users still set the exit status)."),
 ) -> None:
@@ -69,19 +41,16 @@ def recommend(
 
     Exit status: 0 every user known (or given --fallback), 3 some users unknown (skipped and
     listed on stderr), 1 refused (--strict with an unknown user, or no user known)."""
-    raw = [*(user or []), *(read_users_file(users_file) if users_file else [])]
+    whom = build(RecommendFor, options)
     cfg = build(RecommendConfig, options)  # checked before the runner (and torch) loads
     from ncfcli.serve.recommendation import run_recommend, run_recommend_all
 
-    if all_users:
-        _check_all_users(raw, out)
-        assert out is not None  # _check_all_users refuses None
-        res = run_recommend_all(resolve_run(run_dir), out, cfg, device, overwrite)
+    if whom.all_users:
+        assert whom.out is not None  # RecommendFor refuses --all-users without --out
+        res = run_recommend_all(resolve_run(run_dir), whom.out, cfg, device, whom.overwrite)
         _print_all_users(res, json_out, quiet)
         return
-    if out is not None:
-        raise NcfError("--out writes --all-users; for chosen users use --json > FILE")
-    recs = run_recommend(resolve_run(run_dir), raw, cfg, device)
+    recs = run_recommend(resolve_run(run_dir), whom.raw_users, cfg, device)
     if recs.note and not quiet:
         err_console().print(f"note: {recs.note}")
     if json_out:
@@ -94,19 +63,6 @@ def recommend(
             sys.stdout.flush()
             sys.stderr.write(f"warning: {recs.skipped}\n")
         raise typer.Exit(recs.exit_code)
-
-
-def read_users_file(path: str | Path) -> list[str]:
-    """One raw user id per line; blank lines and surrounding spaces are ignored."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise NcfError(f"--users-file {p} cannot be read: {e}") from None
-    users = [line.strip() for line in text.splitlines() if line.strip()]
-    if not users:
-        raise NcfError(f"--users-file {p} lists no users")
-    return users
 
 
 def _print_lists(console: Any, results: list[dict]) -> None:
@@ -124,13 +80,6 @@ def _print_lists(console: Any, results: list[dict]) -> None:
             title = [str(r["titles"][i - 1] or "")] if "titles" in r else []
             table.add_row(str(i), str(item), *title, f"{score:.0f}" if how else f"{score:.4f}")
         console.print(table)
-
-
-def _check_all_users(raw: list[str], out: Path | None) -> None:
-    if raw:
-        raise NcfError("--all-users takes no --user or --users-file")
-    if out is None:
-        raise NcfError("--all-users needs --out FILE (.parquet or .csv)")
 
 
 def _print_all_users(res: Any, json_out: bool, quiet: bool) -> None:

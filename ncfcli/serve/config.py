@@ -1,5 +1,5 @@
 """The options of `ncf eval` (EvalConfig), `ncf export` (ExportConfig) and `ncf recommend`
-(RecommendConfig): torch-free, so the CLI and the Python API check them before any model loads.
+(RecommendConfig, and RecommendFor: whom it lists items for): torch-free, so the CLI and the Python API check them before any model loads.
 
 Each field is a CLI option and an API keyword (ncfcli/options.py); the commands' runners are
 ncfcli/serve/evaluation.py, onnx_export.py and recommendation.py.
@@ -132,6 +132,77 @@ class RecommendConfig:
             )
         if self.strict and self.fallback is not None:
             raise NcfError("--strict and --fallback exclude each other")
+
+
+def read_users_file(path: str | Path) -> tuple[str, ...]:
+    """One raw user id per line; blank lines and surrounding spaces are ignored."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise NcfError(f"--users-file {p} cannot be read: {e}") from None
+    users = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not users:
+        raise NcfError(f"--users-file {p} lists no users")
+    return users
+
+
+def raw_ids(values: Sequence[str | int]) -> tuple[str, ...]:
+    """Raw user ids as text, the form the id maps are looked up by (1 and "1" are one user)."""
+    return tuple(str(v) for v in values)
+
+
+@dataclass(frozen=True)
+class RecommendFor:
+    """Whom `ncf recommend` lists items for: raw user ids (--user, --users-file), or every user
+    of the dataset into a file (--all-users --out FILE)."""
+
+    users: tuple[str, ...] = opt(
+        (),
+        "Raw user id as in the source data (repeatable).",
+        DATA,
+        flags=("--user", "-u"),
+        metavar="RAW_ID",
+        cli_type=list[str],
+        cli_default=None,
+        parse=raw_ids,
+        shown=False,
+    )
+    users_file: tuple[str, ...] = opt(
+        (),
+        "File with one raw user id per line.",
+        DATA,
+        cli_type=Path,
+        cli_default=None,
+        parse=read_users_file,
+        metavar="PATH",
+        shown=False,
+    )
+    all_users: bool = opt(False, "Every user of the dataset, into --out (Parquet or CSV).", DATA)
+    out: Path | None = opt(
+        None,
+        "--all-users: the .parquet or .csv file to write.",
+        OUTPUT,
+        flags=("--out", "-o"),
+        parse=Path,
+    )
+    overwrite: bool = opt(
+        False, "Replace ncf's own earlier --out file (never other files).", OUTPUT
+    )
+
+    def __post_init__(self) -> None:
+        if self.all_users:
+            if self.users or self.users_file:
+                raise NcfError("--all-users takes no --user or --users-file")
+            if self.out is None:
+                raise NcfError("--all-users needs --out FILE (.parquet or .csv)")
+        elif self.out is not None:
+            raise NcfError("--out writes --all-users; for chosen users use --json > FILE")
+
+    @property
+    def raw_users(self) -> list[str]:
+        """--user's ids, then --users-file's, in the order given."""
+        return [*self.users, *self.users_file]
 
 
 @dataclass(frozen=True)
