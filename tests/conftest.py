@@ -7,9 +7,16 @@ the tests marked `slow` are dealt out so that every worker starts on long ones
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+
+from ncfcli.launch import distributed
+from ncfcli.launch.distributed import DistEnv
 
 
 def _tiny_prepared(out: Path, n_users: int = 300, n_items: int = 250, seed: int = 0) -> Path:
@@ -95,3 +102,53 @@ def deal_for_workers(items: list[pytest.Item], workers: int) -> list[pytest.Item
         left -= len(share)
     shares[-1].extend(fast)
     return [item for share in shares for item in share]
+
+
+class TwoRanks:
+    """A fake two-rank group: each rank runs in its own thread, and `all_reduce_sum` (patched
+    over ncfcli.launch.distributed's, which evaluation calls) returns the sum of both ranks' tensors
+    for each collective, in call order, as torch.distributed's all-reduce does."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=60)
+        self.slots: dict[int, dict[int, torch.Tensor]] = {}
+        self.calls = [0, 0]
+
+    def all_reduce_sum(self, t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+        if not env.enabled:
+            return t
+        n = self.calls[env.rank]
+        self.calls[env.rank] += 1
+        self.slots.setdefault(n, {})[env.rank] = t.clone()
+        self.barrier.wait()  # both ranks' tensors are in
+        total = self.slots[n][0] + self.slots[n][1]
+        self.barrier.wait()  # both have read them
+        return total
+
+    def run(self, fn: Callable[[DistEnv], Any]) -> list[Any]:
+        """fn(env) on ranks 0 and 1 at once -> their results."""
+        results: list[Any] = [None, None]
+        errors: list[BaseException] = []
+
+        def rank(r: int) -> None:
+            try:
+                results[r] = fn(DistEnv(rank=r, world_size=2))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+@pytest.fixture
+def two_ranks(monkeypatch: pytest.MonkeyPatch) -> TwoRanks:
+    group = TwoRanks()
+    monkeypatch.setattr(distributed, "all_reduce_sum", group.all_reduce_sum)
+    return group

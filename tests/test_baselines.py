@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from ncfcli.rundir.checkpoint import load_run
 
 runner = CliRunner()
 CPU = get_backend("cpu")
+REPO = Path(__file__).resolve().parents[1]
 
 
 def ncf(*args: Any) -> Any:
@@ -224,3 +228,13 @@ def test_bad_baseline_flags_are_one_line(
     res = ncf("train", prepared_dir, "--out", tmp_path / "r", "--device", "cpu", *flags)
     assert res.exit_code == 2 and message in res.output, res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_itemknn_scoring_leaks_no_torch_warning() -> None:
+    code = (
+        "import torch; from ncfcli.model.baselines import _history; "
+        "_history(torch.tensor([0, 2, 3]), torch.tensor([1, 2, 0]), torch.tensor([0, 1]), 4)"
+    )
+    res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +16,10 @@ from ncfcli.errors import NcfError
 
 runner = CliRunner()
 HEAVY = ("torch", "cupy", "cudf", "onnx", "onnxruntime", "pandas", "pyarrow", "matplotlib")
+
+
+def ncf(*args: object) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def test_importing_the_cli_imports_nothing_heavy() -> None:
@@ -69,3 +74,26 @@ def test_dlpack_handoff_shares_memory_on_cpu() -> None:
     assert t.data_ptr() == a.ctypes.data
     back = backend.from_torch(t)
     assert back.ctypes.data == a.ctypes.data
+
+
+def test_ncf_info_says_which_extras_are_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata as md
+
+    real = md.version
+
+    def version(name: str) -> str:
+        if name == "dask":
+            raise md.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(md, "version", version)
+    res = ncf("info")
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in res.output.splitlines() if line.count("│") == 3}  # fmt: skip
+    assert rows["dask (prepare --engine dask)"].startswith("not installed: pip install"), rows
+    assert rows["optuna (ncf tune)"] == real("optuna"), rows
+    shown = ncf("info", "--json")
+    extras = json.loads(shown.stdout)["extras"]
+    assert extras["dask"] == {"for": "prepare --engine dask", "extra": "dask", "version": None}
+    assert extras["optuna"]["version"] == real("optuna")

@@ -6,6 +6,7 @@ import json
 import math
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,10 +16,17 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_prepared
+from ncfcli.launch.distributed import DistEnv
 from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring import metrics
+from ncfcli.scoring.metrics import budget_rows
+from ncfcli.serve.config import EvalConfig
+from ncfcli.serve.evaluation import evaluate
 from tests._runs import make_run, rewrite_dataset, small_dataset
+from tests.conftest import TwoRanks
 
 runner = CliRunner()
+CPU = get_backend("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -264,3 +272,50 @@ def test_the_last_checkpoint_as_well_as_the_chosen_one(prepared_dir: Path, tmp_p
         ("checkpoints/last.pt", 3),
         ("best.pt", chosen["epoch"]),
     }
+
+
+# ---- users split over ranks (torchrun) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("full_ranking", [True, False])
+def test_ncf_eval_sums_over_ranks_equal_one_process(
+    prepared_dir: Path, two_ranks: TwoRanks, full_ranking: bool, tmp_path: Path
+) -> None:
+    """`ncf eval` under torchrun: users split over 2 ranks, each result is one process's."""
+    data = load_prepared(prepared_dir, CPU)
+    run = load_run(make_run(prepared_dir, tmp_path / "run"))
+    cfg = EvalConfig(ks=(1, 5, 10), full_ranking=full_ranking, batch_rows=700)
+
+    def score(env: DistEnv) -> dict:
+        return evaluate(run, data, cfg, CPU, env)
+
+    one = score(DistEnv())
+    assert one["users"] == 300 and one["metrics"]["hr@10"] > 0
+    assert two_ranks.run(score) == [one, one]
+
+
+# ---- the scoring memory budget ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("full_ranking", [False, True])
+def test_ncf_eval_prices_its_protocols_pairs(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full_ranking: bool
+) -> None:
+    """`ncf eval` scores chunks priced for its protocol: the sampled one's gathers per pair."""
+    calls: list[int] = []
+    for name in ("sampled_ranks", "full_split_ranks"):
+        inner = getattr(metrics, name)
+
+        def spy(*args: Any, _inner: Any = inner, **kw: Any) -> Any:
+            calls.append(int(args[4]))  # max_rows, fifth in both
+            return _inner(*args, **kw)
+
+        monkeypatch.setattr(metrics, name, spy)
+    run = make_run(prepared_dir, tmp_path / "run")
+    res = runner.invoke(app, ["eval", str(run), "--json", "--device", "cpu"]
+                        + (["--full-ranking"] if full_ranking else []))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    model = load_run(run).model
+    priced = (budget_rows(model, "cpu", None, 250) if full_ranking
+              else budget_rows(model, "cpu", None, 101, own_items=True))  # fmt: skip
+    assert calls == [priced]

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
 SERVING = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text()
 # The serving snippet (docs/serving.md, linked from the README): onnxruntime on the export of
 # runs/synthetic, user and item alone.
@@ -362,3 +364,59 @@ def test_a_failed_export_leaves_no_folder_behind(
     res = runner.invoke(app, args)
     assert res.exit_code == 1 and "disagree" in res.stderr, res.output
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- exporting again after the README's quickstart -------------------------------------------
+
+
+def _serving_first_command() -> list[str]:
+    """docs/serving.md's first command, as written (its comment dropped)."""
+    page = (ROOT / "docs" / "serving.md").read_text()
+    first = re.findall(r"```bash\n(.*?)```", page, flags=re.S)[0].splitlines()[0]
+    return shlex.split(first.split("#")[0])
+
+
+@pytest.mark.slow
+def test_the_serving_page_runs_right_after_the_readme_quickstart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32, finding 11: the quickstart exports runs/synthetic; docs/serving.md exports it
+    again with --triton. The same checkpoint's unchanged export in the run's own folder is
+    replaced without --overwrite; a file the user changed there, or another checkpoint's
+    export, still needs it, and is left as it was."""
+    from tests.test_readme import BLOCKS, TINY, _steps
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NCF_DEVICE", "cpu")
+    monkeypatch.setenv("NCF_CACHE_DIR", str(tmp_path / "cache"))
+    _, quickstart = _steps(BLOCKS[0])
+    for step in quickstart:
+        argv = shlex.split(step)[1:]
+        res = runner.invoke(app, argv + (TINY if argv[:2] == ["prepare", "synthetic"] else []))
+        assert res.exit_code == 0, f"{step}\n{res.output}"
+    serving = _serving_first_command()
+    assert serving[:3] == ["ncf", "export", "runs/synthetic"] and "--overwrite" not in serving
+    res = runner.invoke(app, serving[1:])
+    assert res.exit_code == 0, res.output
+    export = tmp_path / "runs" / "synthetic" / "export"
+    assert (export / "model.onnx").is_file() and (tmp_path / "models" / "ncf" / "1").is_dir()
+    # The user's change to a file of the export: never replaced without --overwrite.
+    again = [*serving[1:3], "--onnx"]  # the models/ Triton folder is there now
+    user_ids = export / "user_ids.parquet"
+    user_ids.write_bytes(user_ids.read_bytes() + b"the user's edit")
+    before = user_ids.read_bytes()
+    res = runner.invoke(app, again)
+    assert res.exit_code == 1 and "add --overwrite" in res.stderr and res.stderr.count("\n") == 1
+    assert user_ids.read_bytes() == before
+    assert runner.invoke(app, [*again, "--overwrite"]).exit_code == 0
+    # Another checkpoint (a run trained on): its export replaces the old one only when told.
+    best = tmp_path / "runs" / "synthetic" / "best.pt"
+    exported = best.read_bytes()
+    res = runner.invoke(app, ["train", "data/synthetic", "--out", "runs/synthetic", "--resume",
+                              "--epochs", "25", "-q"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert best.read_bytes() != exported, "the resumed epochs chose no new best epoch"
+    graph = (export / "model.onnx").read_bytes()
+    res = runner.invoke(app, again)
+    assert res.exit_code == 1 and "add --overwrite" in res.stderr
+    assert (export / "model.onnx").read_bytes() == graph

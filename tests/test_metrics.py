@@ -169,3 +169,75 @@ def test_top_items_order_and_ties() -> None:
     items, top = top_items(scores, 50)  # K above the item count: every item, masked last
     assert items.tolist() == [[1, 3, 4, 0, 2]]
     assert top[0, -1].item() == inf
+
+
+# ---- NaN scores in full ranking and the sampled protocol -------------------------------------
+
+
+class Table(torch.nn.Module):
+    """A fake model scoring (u, i) as table[u, i], through score_all like NCF (every item,
+    items [B], or each user's own items [U, C]); `subset_scoring` picks full ranking's capped
+    block-by-block path (as NCF and ALS) or the whole masked matrix (as EASE)."""
+
+    def __init__(self, table: list[list[float]], subset_scoring: bool) -> None:
+        super().__init__()
+        self.table = torch.tensor(table, dtype=torch.float32)
+        self.subset_scoring = subset_scoring
+
+    def score_all(self, users: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
+        rows = self.table[users.long()]
+        if items is None:
+            return rows.clone()
+        if items.dim() == 1:
+            return rows[:, items.long()]
+        return rows.gather(1, items.long())
+
+
+# 3 users, 6 items. User 0's positive (item 1) scores NaN; user 1's positive (item 0) is its
+# best finite score but item 4 scores NaN; user 2's positive (item 2) is its best, no NaN.
+NAN_TABLE = [
+    [0.1, NAN, 0.3, 0.2, 0.0, 0.4],
+    [0.9, 0.1, 0.2, 0.3, NAN, 0.5],
+    [0.1, 0.2, 0.8, 0.3, 0.4, 0.0],
+]
+
+
+POSITIVES = torch.tensor([1, 0, 2], dtype=torch.int32)
+
+
+NO_TRAINING = torch.zeros(4, dtype=torch.int64), torch.zeros(0, dtype=torch.int32)
+
+
+def _hits(ranks: torch.Tensor, k: int) -> list[bool]:
+    return [int(r) < k for r in ranks.tolist()]
+
+
+@pytest.mark.parametrize("subset_scoring", [True, False])
+def test_a_nan_positive_is_a_miss_at_every_k_in_full_ranking(subset_scoring: bool) -> None:
+    """Every K from 1 to the catalogue, capped (as `ncf eval` and training rank) and not."""
+    model = Table(NAN_TABLE, subset_scoring)
+    offsets, seen = NO_TRAINING
+    n_items = len(NAN_TABLE[0])
+    whole = full_ranks(model, 0, 3, n_items, offsets, seen, POSITIVES)
+    assert whole.tolist()[1:] == [1, 0]  # user 1: the NaN item beats its positive
+    assert whole[0] >= n_items  # past every cut-off
+    for k in range(1, n_items + 1):
+        capped = full_ranks(model, 0, 3, n_items, offsets, seen, POSITIVES, cap=k)
+        assert _hits(capped, k) == [False, k > 1, True], k
+        m = sums_to_metrics(metric_sums(capped, [k]), [k])
+        assert m[f"hr@{k}"] == pytest.approx((1 + (k > 1)) / 3)
+        assert m[f"ndcg@{k}"] == pytest.approx((1 + (1 / math.log2(3) if k > 1 else 0)) / 3)
+
+
+def test_a_nan_positive_is_a_miss_at_every_k_in_the_sampled_protocol() -> None:
+    model = Table(NAN_TABLE, True)
+    users = torch.arange(3)
+    negatives = torch.tensor([[0, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0, 1, 3, 4, 5]])
+    ranks = sampled_ranks(model, users, POSITIVES.long(), negatives, max_rows=6)
+    assert ranks.tolist()[1:] == [1, 0]
+    for k in range(1, 7):  # K = 6: every candidate of the row
+        assert _hits(ranks, k) == [False, k > 1, True], k
+    # A NaN among the negatives beats the positive whatever the positive scores.
+    big = Table([[1e30, NAN, 0.0]], True)
+    one = torch.tensor([0])
+    assert sampled_ranks(big, one, one, torch.tensor([[1, 2]])).tolist() == [1]

@@ -15,11 +15,13 @@ from ncfcli.cli import app
 from ncfcli.data.store import load_id_maps, load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring import metrics
 from ncfcli.scoring.metrics import full_ranks
 from ncfcli.serve.recommendation import dense_users
 from tests._runs import make_run, small_dataset
 
 runner = CliRunner()
+CPU = get_backend("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +164,24 @@ def test_dense_users_matches_the_map_type() -> None:
     assert dense_users(["x"], np.array(["y", "x"], dtype=object)) == [1]
     with pytest.raises(NcfError, match="ids look like 1, 2, 3"):
         dense_users(["1.5"], np.array([1, 2, 3, 4]))
+
+
+# ---- the scoring memory budget ---------------------------------------------------------------
+
+
+def test_recommend_prices_each_users_work_over_the_catalogue(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    """`ncf recommend` chunks users by the budget with EASE's dense row per user counted."""
+    from ncfcli.serve.recommendation import ListScorer, RecommendConfig
+
+    run = tmp_path / "ease"
+    res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--model", "ease",
+                              "--device", "cpu", "--quiet"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    loaded = load_run(run)
+    data = load_prepared(prepared_dir, CPU)
+    scorer = ListScorer(loaded, data, RecommendConfig(), CPU)
+    per_pair = metrics.pair_bytes(loaded.model, "cpu", data.n_items)
+    assert per_pair == metrics.SCORE_PAIR_BYTES + 4  # a float32 row of every item, per user
+    assert scorer.step == (metrics.BUDGET_CPU // per_pair) // data.n_items

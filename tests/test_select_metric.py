@@ -9,13 +9,24 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
+from ncfcli.cli import app
 from ncfcli.data.store import load_prepared, read_arrays
 from ncfcli.errors import NcfError
+from ncfcli.launch.distributed import DistEnv
+from ncfcli.rundir.checkpoint import load_run
+from ncfcli.scoring.metrics import full_split
 from ncfcli.training import validation as train_evaluation
 from ncfcli.training.config import TrainConfig
+from tests._runs import make_run
+from tests.conftest import TwoRanks
 from tests.test_train import SMALL, metrics, ncf, one_error_line
+
+CPU = get_backend("cpu")
+runner = CliRunner()
 
 
 def _inspect(path: Path) -> dict[str, Any]:
@@ -161,3 +172,65 @@ def test_tune_ranks_trials_by_the_metric_and_keeps_it(prepared_dir: Path, tmp_pa
     r = ncf(*args, "--trials", 4)
     assert r.exit_code == 0, r.output
     assert len(json.loads((out / "report.json").read_text())["trials"]) == 4
+
+
+# ---- full-ranking sums over ranks ------------------------------------------------------------
+
+
+def test_training_full_ranking_sums_over_ranks_equal_one_process(
+    prepared_dir: Path, two_ranks: TwoRanks, tmp_path: Path
+) -> None:
+    """--select-metric full-hr@10 on 2 ranks: each ranks its half of the users; the reduced
+    sums are one process's, bit for bit (as the sampled ones)."""
+    from ncfcli.training.validation import eval_sets, evaluate_split
+
+    data = load_prepared(prepared_dir, CPU)
+    model = load_run(make_run(prepared_dir, tmp_path / "run")).model
+    cfg = TrainConfig(data_dir=str(prepared_dir))
+    full = full_split(data, "validation", CPU, None)
+
+    def score(env: DistEnv) -> dict[str, float]:
+        held = eval_sets(cfg, data, env, CPU)["validation"]
+        return evaluate_split(model, held, env, 1000, full)
+
+    one = score(DistEnv())
+    assert one["full-hr@10"] > 0 and set(one) == {"hr@10", "ndcg@10", "full-hr@10",
+                                                  "full-ndcg@10"}  # fmt: skip
+    assert two_ranks.run(score) == [one, one]
+
+
+# ---- the epoch chosen on a tie ---------------------------------------------------------------
+
+
+# Validation figures of four epochs: 2 and 3 tie on both figures; 4 ties on HR@10 alone and
+# loses on NDCG@10, the partner that breaks a tie.
+TIED = [(0.5, 0.30), (0.6, 0.40), (0.6, 0.40), (0.6, 0.20)]
+
+
+def test_a_tie_between_epochs_goes_to_the_earlier_one(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real `ncf train` with the validation figures fixed: best.pt, the run's report and
+    `ncf inspect`'s re-pick from metrics.jsonl all name epoch 2, not 3."""
+    from ncfcli.training import validation as evaluation
+
+    figures = iter(TIED)
+
+    def scored(model: Any, sets: Any, split: str, *args: Any) -> dict[str, float]:
+        if split == "test":
+            return {"hr@10": 0.1, "ndcg@10": 0.05}
+        hr, ndcg = next(figures)
+        return {"hr@10": hr, "ndcg@10": ndcg}
+
+    monkeypatch.setattr(evaluation, "score_split", scored)
+    run = tmp_path / "run"
+    res = runner.invoke(app, ["train", str(prepared_dir), "--out", str(run), "--epochs", "4",
+                              "--factors", "8", "--layers", "16,8", "--batch-size", "4096",
+                              "--device", "cpu", "--quiet", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert next(figures, None) is None  # every epoch was scored
+    assert json.loads(res.stdout.strip().splitlines()[-1])["best_epoch"] == 2
+    assert torch.load(run / "best.pt", weights_only=True)["epoch"] == 2
+    shown = runner.invoke(app, ["inspect", str(run), "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout)["best_epoch"] == 2

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -182,3 +188,377 @@ def test_the_table_and_plot_are_written_under_this_process_own_temporary_names(
     assert len(moved) == 2 and all(name.endswith(f"-{os.getpid()}") for name in moved), moved
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([report.TABLE, report.PLOT])
     assert (tmp_path / report.PLOT).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+CPU = ["--device", "cpu"]
+
+
+def _synthetic(out: Path, users: int, items: int, interactions: int) -> Path:
+    res = ncf("prepare", "synthetic", "--users", users, "--items", items, "--interactions",
+              interactions, "--eval-negatives", 20, "--out", out, *CPU, "-q")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="module")
+def slower(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Trials of about a second: a signal sent as one trial ends lands in the next."""
+    return _synthetic(tmp_path_factory.mktemp("trust") / "slower", 300, 200, 12000)
+
+
+class FakeClock:
+    """search.clock: moves only when told."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------
+
+
+def _interrupt_after_first_trial(cmd: list[str], env: dict[str, str]) -> tuple[int, float, str]:
+    """Run `cmd`, send SIGINT as its first trial's line appears; (exit code, seconds from the
+    signal to the exit, stderr)."""
+    # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
+    # background job of a script): an ignored signal stays ignored in every child.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    lines: list[str] = []
+    first = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("trial "):
+                first.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert first.wait(240), "no trial ended: " + "".join(lines)
+    time.sleep(0.3)  # most often inside the next trial's epochs, else between trials: both stop
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        code = proc.wait(30)
+    finally:
+        if proc.poll() is None:  # it did not stop: the test fails, and leaves nothing running
+            proc.kill()
+            proc.wait()
+    took = time.monotonic() - sent
+    reader.join(10)
+    return code, took, "".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_the_search_at_once_and_prints_the_command_that_continues(
+    slower: Path, tmp_path: Path, jobs: int
+) -> None:
+    out = tmp_path / "t"
+    args = ["tune", str(slower), "--out", str(out), "--trials", "6", "--models", "mf",
+            "--max-epochs", "3", *(["--jobs", str(jobs)] if jobs > 1 else []), "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    code, took, err = _interrupt_after_first_trial([sys.executable, "-m", "ncfcli", *args], env)
+    assert code == 130, err
+    assert took < 5.0, f"{took:.1f} s from Ctrl-C to the exit"
+    assert "Traceback" not in err and "Warning" not in err, err
+    said = [line for line in err.splitlines() if "continue with:" in line]
+    assert len(said) == 1, err
+    command = shlex.split(said[0].split("continue with:", 1)[1])
+    assert command[:2] == ["ncf", "tune"] and command[2:] == args[1:], command
+    trials = _study(out).get_trials()
+    ended = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED")]
+    shown = {int(m) for m in re.findall(r"^trial (\d+) ", err, flags=re.M)}
+    assert shown and shown <= {t.number for t in ended}, "a trial that ended was lost"
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    cut = [t for t in trials if t.user_attrs.get("interrupted")]
+    assert all(not (out / "trials" / f"{t.number:05d}").exists() for t in cut)
+    # The printed command continues the search: the interrupted trials run again first.
+    res = subprocess.run([sys.executable, "-m", "ncfcli", *command[1:]], env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    after = _study(out).get_trials()
+    n = sum(t.state.name in ("COMPLETE", "PRUNED") for t in after)
+    assert 6 <= n < 6 + jobs, n  # each worker ends the trial it is running at the 6th
+    rerun = {t.user_attrs.get("rerun_of") for t in after}
+    assert {t.number for t in cut} <= rerun
+    assert (out / "best" / "best.pt").is_file()
+
+
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "the NCF loop's own Ctrl-C",
+                                 "a Ctrl-C while the epoch was scored"])  # fmt: skip
+def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The default trial (trial 0) cut by Ctrl-C: the tune stops with the `ncf tune` line (not
+    the trial's `ncf train --resume`, whose folder the tune removes), and the next invocation
+    runs trial 0's settings again before drawing new ones."""
+    import ncfcli.training.loop as loop
+    from ncfcli.errors import NcfError
+
+    real = loop.train
+
+    def cut(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        Path(cfg.out).mkdir(parents=True)
+        if how == "KeyboardInterrupt":
+            raise KeyboardInterrupt
+        if how.startswith("a Ctrl-C while"):  # the loop's handler holds it; on_epoch comes next
+            with loop.Interrupt() as held:
+                held.requested = True
+                if kwargs["on_epoch"](1, {"validation": {"hr@10": 0.5, "ndcg@10": 0.3}}):
+                    raise AssertionError("the trial went on past a Ctrl-C")
+            return None
+        raise NcfError(f"interrupted in epoch 1 at step 3/9; continue with: ncf train --out "
+                       f"{cfg.out} --resume", exit_code=130)  # fmt: skip
+
+    out = tmp_path / "t"
+    monkeypatch.setattr(loop, "train", cut)
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 130, res.output
+    assert "continue with: ncf tune" in res.output and "ncf train" not in res.output
+    (first,) = _study(out).get_trials()
+    assert first.state.name == "FAIL" and first.user_attrs["interrupted"]
+    assert first.user_attrs["default"] and not (out / "trials" / "00000").exists()
+    monkeypatch.setattr(loop, "train", real)
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    again = _study(out).get_trials()[1]
+    assert again.params == first.params and again.user_attrs["rerun_of"] == 0
+    assert again.user_attrs.get("default") and again.state.name in ("COMPLETE", "PRUNED")
+    if how != "KeyboardInterrupt":
+        return
+    # A later resume does not run it a third time: it was rerun once already.
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "mf", "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    reruns = [t.number for t in _study(out).get_trials() if t.user_attrs.get("rerun_of") == 0]
+    assert reruns == [again.number], reruns
+
+
+def test_ctrl_c_while_the_chosen_run_is_tested_prints_the_command_too(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli.tuning import report
+
+    real = report.finish
+
+    def cut(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "t"
+    monkeypatch.setattr(report, "finish", cut)
+    res = ncf("tune", data, "--out", out, "--trials", 1, "--models", "pop", *CPU)
+    assert res.exit_code == 130
+    assert res.output.strip().splitlines()[-1] == (
+        f"error: interrupted: 1 trials kept in {out}; continue with: ncf tune {data} --out {out} "
+        "--trials 1 --models pop --device cpu")  # fmt: skip
+    monkeypatch.setattr(report, "finish", real)
+    res = ncf("tune", data, "--out", out, "--trials", 1, "--models", "pop", *CPU)
+    assert res.exit_code == 0 and (out / "best" / "best.pt").is_file(), res.output
+    assert len(_study(out).get_trials()) == 1
+
+
+# ---- the budget over invocations, with a fake clock ------------------------------------------
+
+
+def test_the_budget_and_time_used_count_every_invocation_whole(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four invocations of one 100 s budget, each taking 5 s before the search, some search
+    time, and 2 s for its report; the third is stopped by Ctrl-C. Each one's deadline is its
+    start plus what the others left, and the time used it reports is every second so far."""
+    import ncfcli
+    from ncfcli.errors import NcfError
+    from ncfcli.tuning import report, run, search, workers
+
+    clock = FakeClock()
+    monkeypatch.setattr(search, "clock", clock)
+    searching = iter([30.0, 20.0, 10.0, 7.0])
+    deadlines: list[float] = []
+    starts: list[float] = []
+
+    def work(cfg: dict, tune_dir: str, worker: int, deadline: float | None, *rest: Any) -> bool:
+        deadlines.append(deadline)  # type: ignore[arg-type]
+        clock.now += next(searching)
+        return len(deadlines) == 3  # the third invocation: Ctrl-C
+
+    real_kinds, real_finish = run.usable_kinds, report.finish
+
+    def setup(*args: Any) -> Any:
+        starts.append(clock.now)
+        clock.now += 5.0
+        return real_kinds(*args)
+
+    def finish(*args: Any) -> Any:
+        got = real_finish(*args)
+        clock.now += 2.0
+        return got
+
+    monkeypatch.setattr(workers, "work", work)
+    monkeypatch.setattr(run, "usable_kinds", setup)
+    monkeypatch.setattr(report, "finish", finish)
+    out = tmp_path / "t"
+    used = []
+    for i in range(4):
+        if i == 2:
+            with pytest.raises(NcfError, match="interrupted"):
+                ncfcli.tune(data, out, budget=100, models=["pop"], device="cpu")
+            continue
+        used.append(
+            ncfcli.tune(data, out, budget=100, models=["pop"], device="cpu")["spent_seconds"]
+        )
+    # invocation: 5 s setup + search (+ 2 s report unless interrupted)
+    assert [d - s for d, s in zip(deadlines, starts, strict=True)] == [
+        100.0,
+        100.0 - 37,
+        100.0 - 64,
+        100.0 - 79,
+    ]
+    assert used == [35.0, 37 + 25.0, 79 + 12.0]
+    assert search.spent(_study(out)) == 79 + 12 + 2
+
+
+# ---- what a trial does with too little time, an error, settings it has seen ------------------
+
+
+def test_a_baseline_fit_that_cannot_end_by_the_deadline_is_not_started(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli.model import baselines
+    from ncfcli.tuning import cost, search
+
+    monkeypatch.setattr(search, "clock", FakeClock())  # 100 s left all along
+    fitted: list[str] = []
+    real_fit = baselines.fit
+    monkeypatch.setattr(baselines, "fit",
+                        lambda cfg, *a, **k: (fitted.append(cfg.kind), real_fit(cfg, *a, **k))[1])  # fmt: skip
+    args = ["--budget", 100, "--trials", 3, "--models", "ease,pop", *CPU]
+    # This machine fitting EASE on 80 items in about 0.1 s: it runs.
+    monkeypatch.setattr(cost, "RATES", {"cpu": 80**3 / 0.1})
+    res = ncf("tune", data, "--out", tmp_path / "fast", *args)
+    assert res.exit_code == 0, res.output
+    assert "ease" in fitted and "skipped" not in res.output
+    # ... in about 1,000 s: never started; pop's trials end the search.
+    fitted.clear()
+    monkeypatch.setattr(cost, "RATES", {"cpu": 80**3 / 1000.0})
+    res = ncf("tune", data, "--out", tmp_path / "slow", *args)
+    assert res.exit_code == 0, res.output
+    assert fitted == ["pop"], fitted
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("trial ") and "skipped" in ln]
+    assert len(lines) == 1 and "ease: skipped, a fit needs about" in lines[0], res.output
+    skipped = [t for t in _study(tmp_path / "slow").get_trials() if t.user_attrs.get("skipped")]
+    assert skipped and all(t.params["model"] == "ease" for t in skipped)
+
+
+def test_a_trials_error_is_one_line_and_the_search_goes_on(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncfcli.model import baselines
+
+    def broken(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the fit broke\nsecond line of its message")
+
+    monkeypatch.setattr(baselines, "fit", broken)
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "mf,itemknn",
+              "--max-epochs", 1, "--seed", 3, *CPU)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "Traceback" not in res.output and "second line" not in res.output
+    failed = [t for t in _study(out).get_trials() if t.state.name == "FAIL"]
+    assert failed and all(t.user_attrs["error"] == "the fit broke" for t in failed)
+    for t in failed:
+        assert f"trial {t.number} itemknn: failed: the fit broke; " in res.output
+
+
+def test_trials_that_all_fail_end_the_search_in_one_line(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--trials counts trials that ended: with every trial failing it would never be reached."""
+    from ncfcli.model import baselines
+    from ncfcli.tuning.workers import FAILS_IN_A_ROW
+
+    calls: list[int] = []
+
+    def broken(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 4 * FAILS_IN_A_ROW:  # a search that would never end: Ctrl-C it
+            raise KeyboardInterrupt
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(baselines, "fit", broken)
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--models", "pop", *CPU)
+    assert res.exit_code == 1, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert (
+        last == f"error: {FAILS_IN_A_ROW} trials in a row failed, the last (trial 4, pop): no room"
+    )
+    assert len(_study(out).get_trials()) == FAILS_IN_A_ROW
+
+
+def test_a_kind_without_settings_runs_once_per_study(data: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from ncfcli.model import baselines
+
+    fits: list[str] = []
+    real_fit = baselines.fit
+    monkeypatch.setattr(baselines, "fit",
+                        lambda cfg, *a, **k: (fits.append(cfg.kind), real_fit(cfg, *a, **k))[1])  # fmt: skip
+    out = tmp_path / "t"
+    res = ncf("tune", data, "--out", out, "--trials", 3, "--models", "pop", *CPU)
+    assert res.exit_code == 0, res.output
+    assert fits == ["pop"]
+    trials = _study(out).get_trials()
+    assert [t.user_attrs.get("same_as") for t in trials] == [None, 0, 0]
+    assert len({t.value for t in trials}) == 1
+    assert "trial 1 pop: validation HR@10" in res.output and "not trained again" in res.output
+    # The tune directory is not a run: eval, export and recommend name the one it chose.
+    for cmd in (["eval", out, *CPU], ["export", out, "--onnx"], ["recommend", out, "-u", "1"]):
+        said = ncf(*cmd)
+        assert said.exit_code != 0 and f"{out} is an ncf tune directory: use {out / 'best'}" in (
+            said.output), said.output  # fmt: skip
+
+
+# ---- checks before anything is written -------------------------------------------------------
+
+
+def test_nothing_is_created_before_the_checks_pass(data: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    out = tmp_path / "t"
+    monkeypatch.setitem(sys.modules, "optuna", None)  # Optuna not installed
+    res = ncf("tune", data, "--out", out, "--trials", 1, *CPU)
+    assert res.exit_code == 1 and "needs Optuna" in res.output, res.output
+    assert not out.exists()
+
+
+def test_kinds_whose_library_is_missing(data: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, "implicit", None)  # the baselines extra not installed
+    named = ncf(
+        "tune", data, "--out", tmp_path / "named", "--trials", 1, "--models", "als,pop", *CPU
+    )
+    assert named.exit_code == 1 and not (tmp_path / "named").exists()
+    assert named.output.strip() == ("error: --models als needs the implicit library: pip install "
+                                    "'ncfcli[baselines]', or leave als out of --models")  # fmt: skip
+    out = tmp_path / "default"
+    res = ncf("tune", data, "--out", out, "--trials", 2, "--max-epochs", 1, *CPU)
+    assert res.exit_code == 0, res.output
+    assert res.output.count("als is left out of the search") == 1
+    assert "Traceback" not in res.output
+    assert "als" not in {t.params.get("model") for t in _study(out).get_trials()}
+
+
+def test_quiet_prints_no_trial_lines(data: Path, tmp_path: Path,
+                                     capfd: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import ncfcli
+
+    ncfcli.tune(data, tmp_path / "q", trials=1, models=["pop"], device="cpu", quiet=True)
+    assert "trial 0 pop:" not in capfd.readouterr().err
+    ncfcli.tune(data, tmp_path / "loud", trials=1, models=["pop"], device="cpu", quiet=False)
+    assert "trial 0 pop: validation HR@10" in capfd.readouterr().err
+    res = ncf("tune", data, "--out", tmp_path / "cli", "--trials", 1, "--models", "pop", "-q", *CPU)
+    assert res.exit_code == 0 and "trial 0 pop:" not in res.output, res.output
