@@ -206,7 +206,7 @@ def test_dropout_run_resumes_mid_epoch_on_the_gpu(
              "--layers", "32,16,8", "--neg-per-pos", 4, "--seed", 4, "-q"]  # fmt: skip
     whole = ncf("train", synthetic, "--out", tmp_path / "whole", *flags)
     assert whole.exit_code == 0, whole.output
-    real = train_optim.F.binary_cross_entropy_with_logits
+    real = train_optim.pointwise_loss
     n_train = json.loads((synthetic / "meta.json").read_text())["n_train"]
     calls = {"n": 0, "at": -(-n_train * 5 // 2048) + 3}
 
@@ -216,10 +216,10 @@ def test_dropout_run_resumes_mid_epoch_on_the_gpu(
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    monkeypatch.setattr(train_optim, "pointwise_loss", loss_then_ctrl_c)
     part = ncf("train", synthetic, "--out", tmp_path / "part", *flags)
     assert part.exit_code == 130, part.output
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
     rest = ncf("train", synthetic, "--out", tmp_path / "part", "--resume", "--device", "cuda",
                "-q")  # fmt: skip
     assert rest.exit_code == 0, rest.output

@@ -42,7 +42,7 @@ def test_dropout_run_stopped_mid_epoch_resumes_exactly(
     assert stopped["step"] == 4
     # Nothing device-specific is needed to resume: no CPU or CUDA generator state.
     assert not any("rng" in key for key in stopped), sorted(stopped)
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
     rest = ncf("train", prepared_dir, "--out", tmp_path / "part", "--resume", "--device", "cpu",
                "-q")  # fmt: skip
     assert rest.exit_code == 0, rest.output

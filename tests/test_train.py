@@ -139,7 +139,7 @@ def test_resume_equals_uninterrupted(
 def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Make the loss send Ctrl-C at `step` (1-based) of epoch 2 of a SMALL run; returns the
     real loss function, to put back before resuming."""
-    real = train_optim.F.binary_cross_entropy_with_logits
+    real = train_optim.pointwise_loss
     n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
     per_epoch = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
     calls = {"n": 0}
@@ -150,7 +150,7 @@ def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyP
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", loss_then_ctrl_c)
+    monkeypatch.setattr(train_optim, "pointwise_loss", loss_then_ctrl_c)
     return real
 
 
@@ -166,7 +166,7 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
     assert "interrupted in epoch 2" in line and "--resume" in line
     state = load_checkpoint(run / "checkpoints" / "last.pt")
     assert state["epoch"] == 1 and state["step"] == 6  # the 6th step finishes, then it stops
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
     again = ncf("train", prepared_dir, "--out", run, "--resume", "--device", "cpu", "-q")
     assert again.exit_code == 0, again.output
     assert scores(run) == scores(straight)
@@ -175,7 +175,7 @@ def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = train_optim.F.binary_cross_entropy_with_logits
+    real = train_optim.pointwise_loss
     calls = {"n": 0}
 
     def nan_in_epoch_2(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -183,7 +183,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(
         out = real(*args, **kwargs)
         return out * float("nan") if calls["n"] > 10 else out
 
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", nan_in_epoch_2)
+    monkeypatch.setattr(train_optim, "pointwise_loss", nan_in_epoch_2)
     run = tmp_path / "nan"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL, "-q")
     assert result.exit_code == 1
@@ -199,7 +199,7 @@ def test_out_of_memory_says_what_to_lower(
     def oom(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", oom)
+    monkeypatch.setattr(train_optim, "pointwise_loss", oom)
     result = ncf("train", prepared_dir, "--out", tmp_path / "oom", *SMALL, "-q")
     assert result.exit_code == 1
     assert "--batch-size" in one_error_line(result)
@@ -333,7 +333,7 @@ def test_lr_decay_run_resumes_exactly(
     real = ctrl_c_in_epoch_2(prepared_dir, 3, monkeypatch)
     part = ncf("train", prepared_dir, "--out", tmp_path / "part", *flags)
     assert part.exit_code == 130
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
     rest = ncf(
         "train", prepared_dir, "--out", tmp_path / "part", "--resume", "--device", "cpu", "-q"
     )

@@ -75,7 +75,7 @@ def test_a_run_resumed_after_its_choice_reports_the_uninterrupted_runs_test_figu
     run = tmp_path / "stopped"
     assert ncf("train", prepared_dir, "--out", run, "--epochs", 3, *SMALL).exit_code == 130
     assert calls == ["validation"]  # epoch 1's; nothing reported, no test read
-    monkeypatch.setattr(train_optim.F, "binary_cross_entropy_with_logits", real)
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
     again = ncf("train", prepared_dir, "--out", run, "--resume", "--device", "cpu", "--json")
     assert again.exit_code == 0, again.output
     assert calls == ["validation"] * 3 + ["test"]

@@ -248,19 +248,26 @@ class Stepper:
     micro_batch: int | None = None
 
 
+def pointwise_loss(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, n: int
+) -> torch.Tensor:
+    """These rows' share of a batch of n samples' weighted BCE: their mean when they are the
+    whole batch (as a plain step computes it), else their sum / n. Every training step's
+    pointwise loss goes through here, so a test injects a failure (Ctrl-C, NaN, out of memory)
+    by replacing this function, not torch's."""
+    if labels.shape[0] == n:
+        return F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
+    total = F.binary_cross_entropy_with_logits(logits, labels, weight=weights, reduction="sum")
+    return total.div(n)
+
+
 def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
-    """These rows' share of a batch of n samples' loss: the weighted BCE (their mean when they
-    are the whole batch, as a plain step computes it, else their sum / n) plus the L2 of their
-    embedding rows / n."""
+    """These rows' share of a batch of n samples' loss: the weighted BCE (`pointwise_loss`) plus
+    the L2 of their embedding rows / n."""
     ddp, prev = stepper.ddp, rows.prev
     users, items, labels = rows.users, rows.items, rows.labels
     logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
-    if labels.shape[0] == n:
-        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=rows.weights)
-    else:
-        loss = F.binary_cross_entropy_with_logits(
-            logits, labels, weight=rows.weights, reduction="sum"
-        ).div(n)
+    loss = pointwise_loss(logits, labels, rows.weights, n)
     if stepper.l2:
         # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
         loss = loss + stepper.l2 * stepper.model.row_sq_sum(users, items, prev) / n
