@@ -1,6 +1,6 @@
 """The search of `ncf tune`: an Optuna study kept in the tune directory, and its trials.
 
-    python -m pytest tests/test_tune.py tests/test_tune_trust.py
+    python -m pytest tests/test_tune.py tests/test_tune_search.py tests/test_tune_workers.py
 
 - **The study** lives in `TUNE_DIR/study.log`, Optuna's journal file (append-only, safe for
   several processes, and on a shared file system for several nodes): a stopped tune resumes
