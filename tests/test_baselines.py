@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_prepared, write_prepared
+from ncfcli.errors import NcfError
+from ncfcli.model import baselines
 from ncfcli.model.baselines import KINDS, BaselineConfig, fit
 from ncfcli.rundir.checkpoint import load_run
 
@@ -238,3 +241,51 @@ def test_itemknn_scoring_leaks_no_torch_warning() -> None:
     res = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True,
                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
     assert res.returncode == 0 and "Warning" not in res.stderr, res.stderr
+
+
+# ---- EASE within the memory plan ----------------------------------------------------------------
+
+
+def _tiny(tmp_path: Path) -> Any:
+    return load_prepared(hand_dataset(tmp_path / "hand"), CPU)
+
+
+def test_f5_ease_refuses_in_one_line_what_the_memory_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _tiny(tmp_path)
+    monkeypatch.setattr(baselines, "free_memory_bytes", lambda device: 100_000_000)
+    monkeypatch.setattr(baselines, "ease_bytes", lambda n_items: 40_000_000_000)
+    cfg = baselines.BaselineConfig("ease", data.n_users, data.n_items, ease_lambda=1.0)
+    with pytest.raises(NcfError) as info:
+        baselines.fit(cfg, data, CPU)
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.search(r"--model ease needs about 40\.3 GB .* host memory on cpu has 0\.1 GB free",
+                     message), message  # fmt: skip
+    assert "--model itemknn or als" in message
+
+
+def test_f5_ease_sums_its_gram_over_blocks_of_users(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of one user each: the same weights as the closed form on the dense matrix."""
+    data = _tiny(tmp_path)
+    cfg = baselines.BaselineConfig("ease", data.n_users, data.n_items, ease_lambda=2.0)
+    x = np.zeros((data.n_users, data.n_items))
+    x[data.train_users, data.train_items] = 1.0
+    p = np.linalg.inv(x.T @ x + 2.0 * np.eye(data.n_items))
+    b = -p / np.diag(p)[None, :]
+    np.fill_diagonal(b, 0.0)
+    whole, _ = baselines.fit(cfg, data, CPU)
+    monkeypatch.setattr(baselines, "EASE_BLOCK_BYTES", 8 * data.n_items)
+    blocks, _ = baselines.fit(cfg, data, CPU)
+    assert torch.equal(blocks.weights, whole.weights)
+    np.testing.assert_allclose(blocks.weights.numpy(), b, rtol=1e-6, atol=1e-7)
+
+
+def test_f5_the_plan_counts_the_item_matrices_not_the_user_rows() -> None:
+    """ml-20m's 26,744 items: 17.2 GB of item x item matrices; the users x items matrix (29.6 GB)
+    is never built."""
+    assert baselines.ease_bytes(26_744) == 3 * 26_744**2 * 8
+    assert baselines.free_memory_bytes(torch.device("cpu")) is not None  # Linux: MemAvailable

@@ -7,6 +7,7 @@ a path given with --data, or one error line naming all three places and exit sta
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -161,3 +162,24 @@ def test_the_sequence_probe_prints_both_protocols(prepared_dir: Path, tmp_path: 
         got = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env,
                                         timeout=120).stdout)["metrics"]  # fmt: skip
         assert figures == pytest.approx([got["hr@10"], got["ndcg@10"]], abs=6e-5)
+
+
+def test_f3_the_gpu_target_is_judged_on_the_warm_run_of_prepares_clock() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "bench_prepare", REPO / "benchmarks" / "bench_prepare.py"
+    )
+    assert spec is not None and spec.loader is not None
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))  # bench_prepare imports its _common
+    try:
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    ok, line = bench.gpu_verdict([6.5, 1.4])  # the first run compiles CuPy's kernels
+    assert ok and "1.40 s" in line and "after imports and CUDA set-up" in line, line
+    ok, line = bench.gpu_verdict([1.4, 2.5])
+    assert not ok and "MISSED" in line
+    assert "python -m ncfcli" not in bench._CHILD  # `ncf prepare --json`'s seconds is the command
+    assert "meta[k] for k in keys" in bench._CHILD and '"seconds"' in bench._CHILD

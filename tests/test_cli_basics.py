@@ -1,10 +1,13 @@
-"""The CLI's shell: instant `--help`, `ncf info`, and one-line errors for the backend choice."""
+"""The CLI's shell: instant `--help`, `ncf info`, and one-line errors: for the backend choice, for
+a mistyped flag or value (given before torch loads), and for out of GPU or host memory."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +15,9 @@ from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
+from ncfcli.data import preparation as prepare_mod
 from ncfcli.errors import NcfError
+from tests.test_train_device import RMM_OOM
 
 runner = CliRunner()
 HEAVY = ("torch", "cupy", "cudf", "onnx", "onnxruntime", "pandas", "pyarrow", "matplotlib")
@@ -97,3 +102,68 @@ def test_ncf_info_says_which_extras_are_installed(monkeypatch: pytest.MonkeyPatc
     extras = json.loads(shown.stdout)["extras"]
     assert extras["dask"] == {"for": "prepare --engine dask", "extra": "dask", "version": None}
     assert extras["optuna"]["version"] == real("optuna")
+
+
+# ---- mistakes: one line, the right words, no torch ----------------------------------------------
+
+
+NO_TORCH = textwrap.dedent(
+    """
+    import json, sys
+    from typer.testing import CliRunner
+    from ncfcli.cli import app
+    out = []
+    for args in json.loads(sys.argv[1]):
+        res = CliRunner().invoke(app, args)
+        out.append([res.exit_code, res.output])
+    print(json.dumps({"results": out, "torch": "torch" in sys.modules}))
+    """
+)
+
+
+def test_mistakes_are_refused_before_torch_loads(prepared_dir: Path, tmp_path: Path) -> None:
+    """A mistyped flag or value costs no torch import (seconds on a small machine)."""
+    csv = tmp_path / "ratings.csv"
+    csv.write_text("user,item,time\n1,2,3\n")
+    data = str(prepared_dir)
+    cases = [
+        (["train", data, "--no-such-flag"], "No such option"),
+        (["train", data, "--model", "neumff"], "error: --model must be one of neumf, gmf"),
+        (["train", data, "--lr-decay", "cos"], "error: --lr-decay must be one of none, linear"),
+        (["train", data, "--nproc", "0"], "error: --nproc must be >= 1, got 0"),
+        (["train", data, "--gpus", "0"], "error: --gpus must be >= 1, got 0"),
+        (["train", str(csv)], f"error: {csv} is a file, not a prepared dataset; prepare it "
+                              f"first: ncf prepare {csv}"),
+        (["train"], "error: missing DATA_DIR"),
+    ]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps([c for c, _ in cases])],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    for (args, message), (code, output) in zip(cases, got["results"], strict=True):
+        assert code == 2 or code == 1, (args, output)
+        assert message in output, (args, output)
+        if message.startswith("error:"):
+            assert output.strip() == output.strip().splitlines()[0], (args, output)
+    assert got["torch"] is False
+
+
+# ---- out of memory: the GPU's or the host's -----------------------------------------------------
+
+
+def test_f7_the_cli_says_gpu_memory_for_rmms_error_and_host_memory_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["prepare", "synthetic", "--out", str(tmp_path / "o"), "--device", "cpu", "-q"]
+    for error, said in ((MemoryError(RMM_OOM), "error: out of GPU memory (std::bad_alloc: "),
+                        (MemoryError(), "error: out of host memory")):  # fmt: skip
+
+        def fail(*a: Any, _e: BaseException = error, **k: Any) -> Any:
+            raise _e
+
+        monkeypatch.setattr(prepare_mod, "prepare", fail)
+        res = CliRunner().invoke(app, args)
+        lines = [line for line in res.output.splitlines() if line.strip()]
+        assert res.exit_code == 1 and len(lines) == 1, res.output
+        assert lines[0].startswith(said), lines[0]
+        assert ("docs/gpu-memory.md" in lines[0]) is (said != "error: out of host memory")

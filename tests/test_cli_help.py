@@ -8,11 +8,13 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import ALIASES, app, apply_aliases
+from ncfcli.training.defaults import size_defaults
 from tests._runs import make_run
 
 runner = CliRunner()
@@ -202,3 +204,38 @@ def test_train_help_reads_at_100_columns() -> None:
     for command in ("prepare", "train", "eval", "export", "recommend", "inspect", "info", ""):
         out = _help(*([command] if command else []))
         assert "<bool>" not in out, command  # flags take no value: no placeholder
+
+
+def test_train_help_names_the_default_model() -> None:
+    """Small data trains MF by default: the help's first line says so (not "Train NeuMF")."""
+    out = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"}).output
+    summary = next(ln for ln in out.splitlines() if ln.strip().startswith("Train "))
+    first, last = size_defaults(1)["model"], size_defaults(10**9)["model"]
+    assert first == "mf" and last == "neumf"
+    assert summary.strip().startswith("Train a model") and "MF below" in summary, summary
+    assert "NeuMF" in summary
+
+
+# ---- errors that name what was found, and the flag as typed -------------------------------------
+
+
+def one_error_line(result: Any) -> str:
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_a_dataset_is_not_a_run_nor_a_run_a_dataset(prepared_dir: Path, tmp_path: Path) -> None:
+    run = make_run(prepared_dir, tmp_path / "run")
+    line = one_error_line(runner.invoke(app, ["eval", str(prepared_dir)]))
+    assert f"{prepared_dir} is a prepared dataset, not a run" in line and "ncf train" in line
+    line = one_error_line(runner.invoke(app, ["train", str(run)]))
+    assert f"{run} is a training run, not a prepared dataset" in line
+
+
+@pytest.mark.parametrize("flag", ["-k", "--top-k", "--k", "--topk"])
+def test_errors_name_the_flag_as_typed(prepared_dir: Path, tmp_path: Path, flag: str) -> None:
+    run = make_run(prepared_dir, tmp_path / "run")
+    line = one_error_line(runner.invoke(app, ["eval", str(run), flag, "0", "--device", "cpu"]))
+    assert line == f"error: {flag} must be >= 1, got 0"

@@ -1,12 +1,18 @@
 """`ncf prepare --engine dask` writes the memory engine's dataset: `pytest tests/test_dask_engine.py`.
 
 Each run starts a local cluster of worker processes (about 2 s), so the cases are few and each
-checks much: every array, the id maps and the fingerprint against the memory engine.
+checks much: every array, the id maps and the fingerprint against the memory engine. A Ctrl-C
+while the workers start or write is one line and leaves no process or folder behind.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +22,7 @@ from typer.testing import CliRunner
 
 from ncfcli.cli import app
 from ncfcli.data.store import load_id_maps, read_arrays, read_meta
+from tests.test_holdout import read_items
 
 pytest.importorskip("distributed")
 
@@ -220,3 +227,86 @@ def test_a_dask_dashboard_already_on_8787_gets_no_warning(tmp_path: Path) -> Non
                   "--engine", "dask", "--workers", 1, "--out", tmp_path / "out")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert not [str(w.message) for w in seen if "8787" in str(w.message)]
+
+
+# ---- --min-interactions on many blocks ----------------------------------------------------------
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_dask_engine_drops_the_items_only_dropped_users_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Users 7 and 8 have one item each, items 90 and 91, which nobody else has:
+    --min-interactions 2 drops both users and both items, on both engines alike."""
+    monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "40")  # a few lines a block: many blocks
+    train = ["user,item,timestamp"] + [f"{u},{10 + (u * 3 + j) % 9},{j + u}" for u in range(1, 7)
+                                       for j in range(4)]  # fmt: skip
+    train += ["7,90,3", "8,91,4"]
+    src = _write(tmp_path / "train.csv", train)
+    for engine, more in (("memory", ()), ("dask", ("--workers", 2, "--buckets", 3))):
+        res = ncf(src, "--out", tmp_path / engine, "--eval-negatives", 2, "--min-interactions", 2,
+                  "--engine", engine, *more)  # fmt: skip
+        assert res.exit_code == 0, res.output
+    meta = same_dataset(tmp_path / "memory", tmp_path / "dask")
+    assert meta["dropped_users"] == 2
+    assert 90 not in read_items(tmp_path / "dask") and 91 not in read_items(tmp_path / "dask")
+
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["starting", "writing"])
+def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: Path,
+                                                                     when: str) -> None:  # fmt: skip
+    """Finding 6: a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while
+    the cluster's workers start, or while a worker writes a bucket: exit 130 with one line, the
+    cluster's processes gone, --out absent and no temporary folder beside it."""
+    out = tmp_path / "out"
+    env = {**os.environ, "NCF_DASK_TEST_STALL_BUCKET": "1"}
+    cmd = [sys.executable, "-m", "ncfcli", "prepare", "synthetic", "--users", "200", "--items",
+           "60", "--rows", "2000", "--eval-negatives", "5", "--engine", "dask", "--workers", "2",
+           "--buckets", "3", "--out", str(out), "--device", "cpu", "-q"]  # fmt: skip
+    # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
+    # background job of a script): an ignored signal stays ignored in every child.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (list(tmp_path.glob(".out.tmp-*")) if when == "writing"  # the dataset's folder
+                   else len(_alive_in_group(proc.pid, "forkserver")) > 1):  # a worker forked  # fmt: skip
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
+            time.sleep(0.05)
+        time.sleep(1.0 if when == "writing" else 0.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=45)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output
+    assert output.strip() == "error: interrupted", output
+    assert list(tmp_path.iterdir()) == []
+    deadline = time.monotonic() + 20
+    while _alive_in_group(proc.pid):  # no worker, nanny or resource tracker left behind
+        assert time.monotonic() < deadline, _alive_in_group(proc.pid)
+        time.sleep(0.5)
+
+
+def _alive_in_group(pgid: int, named: str = "") -> list[str]:
+    """Processes of the group that are not zombies (an orphan waits for init to reap it), and
+    whose command line holds `named`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z" and named in command:
+            found.append(stat.parent.name)
+    return found

@@ -5,6 +5,7 @@ case on both engines (memory, and Dask where it is installed), and the two datas
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -129,3 +130,62 @@ def test_the_dask_engine_writes_the_memory_engines_dataset(tmp_path: Path, text:
     ma, mb = read_meta(out["memory"]), read_meta(out["dask"])
     assert ma["fingerprint"] == mb["fingerprint"] and ma["dropped_users"] == 1
     assert ma["source"]["test"] == mb["source"]["test"]
+
+
+# ---- users the file holds, and the time of their held-out rows ----------------------------------
+
+
+def ncf(*args: object) -> Any:
+    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
+
+
+def one_line_error(res: Any) -> str:
+    text = res.output.strip()
+    assert res.exit_code == 1 and "\n" not in text and "Traceback" not in text, res.output
+    return text
+
+
+def _holdout(tmp_path: Path, train: list[str], held: list[str], engine: str, *extra: object) -> Any:
+    src, test = _write(tmp_path / "train.csv", train), _write(tmp_path / "test.csv", held)
+    more = ("--workers", 1) if engine == "dask" else ()
+    return ncf(src, "--test", test, "--out", tmp_path / "out", "--eval-negatives", 1,
+               "--engine", engine, *more, *extra)  # fmt: skip
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_held_out_user_with_no_training_row_is_refused(tmp_path: Path, engine: str) -> None:
+    """Finding 7: such a user's held-out item cannot be evaluated; it was dropped silently
+    ("dropped users 1") and left an empty bucket behind."""
+    held = ["user,item", "1,13", "2,11", "3,13", "4,10", "5,12"]
+    text = one_line_error(_holdout(tmp_path, TRAIN, held, engine))
+    assert "test.csv: 2 users (4, 5) with no training row in " in text, text
+    assert not (tmp_path / "out").exists()
+    # the first user of all (dense id 0) is checked like the others
+    held = ["user,item", "0,12", "1,13", "2,11", "3,13"]
+    text = one_line_error(_holdout(tmp_path, TRAIN, held, engine))
+    assert "test.csv: 1 user (0) with no training row in " in text, text
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_held_out_item_is_strictly_after_the_users_training_rows(tmp_path: Path,
+                                                                     engine: str) -> None:  # fmt: skip
+    """Every user's training rows end at the latest time of the file (100): a held-out row
+    timed at it, not after it, would tie with them, and the split's seeded tie rule would make
+    about half the users' test item a training item."""
+    users = range(1, 25)
+    train = ["user,item,timestamp"] + [f"{u},{10 + (u + j) % 7},{98 + j}" for u in users
+                                       for j in range(3)]  # fmt: skip
+    held = ["user,item"] + [f"{u},{20 + u % 5}" for u in users]
+    res = _holdout(tmp_path, train, held, engine)
+    assert res.exit_code == 0, res.output
+    data = load_prepared(tmp_path / "out", get_backend("cpu"))
+    items = read_items(tmp_path / "out")
+    assert [items[i] for i in data.test_items.tolist()] == [20 + u % 5 for u in users]
+    # and the validation item is each user's latest training row (time 100)
+    assert [items[i] for i in data.valid_items.tolist()] == [10 + (u + 2) % 7 for u in users]
+
+
+def read_items(path: Path) -> list[Any]:
+    return load_id_maps(path)[1].tolist()

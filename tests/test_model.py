@@ -1,8 +1,10 @@
-"""The model's rewritten layers compute what the plain ones do: `python -m pytest tests/test_model.py`."""
+"""The model's rewritten layers compute what the plain ones do, and the norm penalty's per-row
+weights need no host sync: `python -m pytest tests/test_model.py`."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -151,3 +153,30 @@ def test_a_neumf_started_from_gmf_and_mlp_scores_their_weighted_sum(
             build_model({**shape, "kind": "neumf"}).load_towers(g_bad, m_bad)
     with pytest.raises(ValueError, match="start a --model neumf"):
         gmf.load_towers(gmf, None)
+
+
+# ---- the norm penalty's per-row weights ---------------------------------------------------------
+
+
+def test_f4_row_weights_need_no_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch larger than the tables weighs each row by its count: the same sum as bincount's
+    counts gave, without torch.bincount (on CUDA it reads the largest id back every step)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="neumf", n_users=7, n_items=5, factors=3, layers=(4, 2)))
+    model.train()
+    users = torch.randint(0, 7, (50,))
+    items = torch.randint(0, 5, (50,))
+    want = torch.zeros((), dtype=torch.float32)
+    for table, ids in ((model.user_gmf, users), (model.item_gmf, items),
+                       (model.user_mlp, users), (model.item_mlp, items)):  # fmt: skip
+        counts = torch.bincount(ids, minlength=table.weight.shape[0]).to(table.weight.dtype)
+        want = want + (counts * table.weight.detach().square().sum(dim=1)).sum()
+
+    def no_bincount(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("torch.bincount syncs with the host on CUDA")
+
+    monkeypatch.setattr(torch, "bincount", no_bincount)
+    got = model.row_sq_sum(users, items)
+    assert torch.equal(got.detach(), want), (got, want)
+    got.backward()  # and it still trains the rows it weighs
+    assert model.user_gmf.weight.grad is not None

@@ -18,9 +18,12 @@ import typer
 import typer.main
 from typer.testing import CliRunner
 
+import ncfcli
 from ncfcli import api
-from ncfcli.cli import ALIASES, app
+from ncfcli.cli import ALIASES, TRAIN_CHOICES, app
 from ncfcli.data.config import PrepareConfig
+from ncfcli.data.store import read_arrays, read_meta
+from ncfcli.model import kinds
 from ncfcli.options import (
     MODEL,
     PANELS,
@@ -37,6 +40,7 @@ from ncfcli.options import (
 from ncfcli.serve.evaluation import EvalConfig
 from ncfcli.serve.onnx_export import ExportConfig
 from ncfcli.serve.recommendation import RecommendConfig
+from ncfcli.training import config as train
 from ncfcli.training.config import TrainConfig
 
 COMMANDS = [
@@ -199,3 +203,39 @@ def test_the_options_load_nothing_heavy() -> None:
     code = "import sys, ncfcli.cli; print(sorted({'numpy', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_train_choices_are_the_configs(prepared_dir: Path) -> None:
+    """The early check's lists are TrainConfig's, which checks the same values again."""
+    assert TRAIN_CHOICES == {"model": kinds.NCF + kinds.BASELINES, "lr_decay": train.LR_DECAYS,
+                             "scaling": train.SCALINGS, "amp_dtype": train.AMP_DTYPES}  # fmt: skip
+
+
+# ---- the default number of evaluation negatives, through the CLI and the API --------------------
+
+
+runner = CliRunner()
+
+
+def ncf(*args: Any) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+TINY_SOURCE = {"users": 40, "items": 150, "interactions": 400, "seed": 0}
+
+
+def test_prepare_draws_100_eval_negatives_by_default_through_the_cli(tmp_path: Path) -> None:
+    out = tmp_path / "cli"
+    res = ncf("prepare", "synthetic", "--users", 40, "--items", 150, "--interactions", 400,
+              "--out", out, "--device", "cpu", "--quiet", "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["eval_negatives"] == 100
+    meta = read_meta(out)
+    assert meta["eval_negatives"] == 100
+    assert read_arrays(out)["test_negatives"].shape == (meta["n_users"], 100)
+
+
+def test_prepare_draws_100_eval_negatives_by_default_through_the_api(tmp_path: Path) -> None:
+    ds = ncfcli.prepare("synthetic", tmp_path / "api", device="cpu", **TINY_SOURCE)
+    assert ds.meta["eval_negatives"] == 100
+    assert read_arrays(ds.path)["test_negatives"].shape == (ds.users, 100)

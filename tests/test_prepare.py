@@ -15,6 +15,7 @@ Dense users 1,2,4 -> 0,1,2; items 10..50 -> 0..4.
 from __future__ import annotations
 
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -24,8 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from ncfcli.backend import get_backend
+from ncfcli.backend import Backend, get_backend
 from ncfcli.cli import app
+from ncfcli.data import preparation as prepare_mod
 from ncfcli.data.store import load_id_maps, load_prepared, read_meta
 
 ROWS = [  # user, item, rating, timestamp
@@ -596,3 +598,71 @@ def test_a_users_negatives_do_not_depend_on_the_other_users_nor_their_order() ->
     reseeded = negatives.draw(np.arange(400), users, items, n_items, n_neg, 3,
                               negatives.TEST_STREAM, np)  # fmt: skip
     assert (reseeded != whole).any(axis=1).mean() > 0.9
+
+
+# ---- buckets under --min-interactions, on both engines ------------------------------------------
+
+
+def _has_dask() -> bool:
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+needs_dask = pytest.mark.skipif(not _has_dask(), reason="no distributed")
+
+ENGINES = ["memory", pytest.param("dask", marks=needs_dask)]
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_no_bucket_is_left_empty_by_min_interactions(tmp_path: Path, engine: str) -> None:
+    """Users 5-8 (the last buckets of 4) have one item each: --min-interactions 2 drops them."""
+    train = ["user,item,timestamp"] + [f"{u},{10 + (u + j) % 6},{j}" for u in range(1, 5)
+                                       for j in range(3)]  # fmt: skip
+    train += [f"{u},10,1" for u in range(5, 9)]
+    src = _write(tmp_path / "train.csv", train)
+    more = ("--workers", 1) if engine == "dask" else ()
+    res = ncf(src, "--out", tmp_path / "out", "--eval-negatives", 1, "--buckets", 4,
+              "--min-interactions", 2, "--engine", engine, *more)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    meta = read_meta(tmp_path / "out")
+    assert meta["dropped_users"] == 4
+    assert [b["users"] for b in meta["buckets"]] == [[0, 2], [2, 4]]
+    assert sorted(p.name for p in (tmp_path / "out" / "train").glob("*.parquet")) == [
+        "part-00000.parquet", "part-00001.parquet"]  # fmt: skip
+
+
+# ---- prepare's clock ----------------------------------------------------------------------------
+
+
+CPU = get_backend("cpu")
+
+
+def test_f3_prepares_clock_starts_after_the_frame_librarys_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuDF's import takes seconds and happens once (the first `frame_library`); a stand-in that
+    sleeps 1 s the first time must not reach prepare's `seconds`."""
+    imported: list[bool] = []
+
+    def frame_library(self: Backend) -> str:
+        if not imported:
+            time.sleep(1.0)
+        imported.append(True)
+        return "pandas"
+
+    monkeypatch.setattr(Backend, "frame_library", property(frame_library))
+    src = tmp_path / "u.data"
+    src.write_text("".join(f"{u}\t{u % 9 + i}\t5\t{100 + i}\n" for u in range(1, 30)
+                           for i in range(1, 5)))  # fmt: skip
+    config = prepare_mod.PrepareConfig(source=str(src), out=str(tmp_path / "o"), eval_negatives=3)
+    meta = prepare_mod.prepare(config, CPU)
+    assert len(imported) >= 2  # the reader asked for it too
+    assert meta["seconds"] < 0.9, meta["seconds"]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -186,3 +187,29 @@ def test_examples_ncf_paper_pretrains_neumf_from_gmf_and_mlp(tmp_path: Path) -> 
     assert neumf["model"]["kind"] == "neumf" and neumf["model"]["factors"] == 8
     assert neumf["train"]["pretrained_gmf"] == str(work / "runs" / "u-gmf")
     assert neumf["train"]["pretrained_mlp"] == str(work / "runs" / "u-mlp")
+
+
+def _bash_blocks_after(heading: str) -> list[str]:
+    section = README.split(heading, 1)[1]
+    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+
+
+def test_ci_runs_the_readmes_install_and_test_command_and_nothing_else() -> None:
+    """CI once installed cupy-cuda12x on its own, so it was green while the README's command,
+    run on a fresh machine, was not: every install in .ci/run is the README's, and the extra
+    CI needs is in the `test` extra the README's line installs."""
+    block = _bash_blocks_after("Install with the test tools")[0].strip()
+    install, test = block.split(" && ")
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert install in ci and test in ci
+    assert [ln for ln in ci if re.match(r"(python3? -m )?pip3? install", ln)] == [install]
+    assert [ln for ln in ci if "pytest" in ln and not ln.startswith("#")] == [test]
+    dev = _bash_blocks_after("## Development")[0].splitlines()
+    assert install in dev and any(ln.startswith(test) for ln in dev)
+    if sys.version_info >= (3, 11):  # tomllib; the lines above are the point on 3.10 too
+        import tomllib
+
+        extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+        test_extra = [Requirement(r) for r in extras["optional-dependencies"]["test"]]
+        cupy = [r for r in test_extra if r.name == "cupy-cuda12x"]
+        assert cupy and cupy[0].marker is not None  # only where its wheel exists

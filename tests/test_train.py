@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -471,3 +472,35 @@ def test_validation_chooses_the_epoch_where_test_would_choose_another(
     assert out["validation"] == {"hr@10": 0.5, "ndcg@10": 0.30}
     assert out["metrics"] == {"hr@10": 0.3, "ndcg@10": 0.15}  # epoch 2's test, not the best test
     assert load_checkpoint(run / "best.pt")["epoch"] == 2
+
+
+def test_the_ctrl_c_hint_runs_as_printed(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`continue with: ncf train --out RUN --resume` works as printed: --resume finds DATA_DIR
+    in the run, and the continued run ends where an uninterrupted one would."""
+    monkeypatch.chdir(tmp_path)
+    flags = ["--device", "cpu", "--epochs", "2", "--batch-size", "1024", "--factors", "4",
+             "--neg-per-pos", "2", "-q"]  # fmt: skip
+    real = train_optim.pointwise_loss
+    calls = {"n": 0}
+
+    def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_optim, "pointwise_loss", loss_then_ctrl_c)
+    part = runner.invoke(app, ["train", str(prepared_dir), "--out", "runs/int", *flags])
+    monkeypatch.setattr(train_optim, "pointwise_loss", real)
+    line = one_error_line(part)
+    assert part.exit_code == 130 and "interrupted in epoch 1" in line
+    printed = line.split("continue with: ", 1)[1]
+    argv = shlex.split(printed)
+    assert argv[:2] == ["ncf", "train"] and "--resume" in argv
+    rest = runner.invoke(app, [*argv[1:], "-q"])
+    assert rest.exit_code == 0, rest.output
+    config = json.loads((tmp_path / "runs" / "int" / "config.json").read_text())
+    assert config["dataset"]["path"] == str(prepared_dir.resolve())
+    assert len((tmp_path / "runs" / "int" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -135,3 +135,16 @@ def test_tensorboard_scalars_per_epoch(prepared_dir: Path, tmp_path: Path) -> No
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     got = [(e.step, e.value) for e in events.Scalars("validation/hr@10")]
     assert got == [(r["epoch"], pytest.approx(r["validation"]["hr@10"])) for r in rows]
+
+
+def test_a_failed_prepare_prints_only_its_error(tmp_path: Path) -> None:
+    """stderr a file or a pipe: no frozen spinner line (`⠋ read 0:00:00`) above the error."""
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    proc = subprocess.run([sys.executable, "-m", "ncfcli", "prepare", str(bad), "--out",
+                           str(tmp_path / "d"), "--device", "cpu"], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f"error: {bad}: no user column found (its columns are: a, b); name it with --user-col"
+    ]

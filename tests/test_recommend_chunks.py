@@ -1,10 +1,6 @@
-"""Behaviours a mutation audit found unguarded, or guarded by luck (issue 19):
-`python -m pytest tests/test_mutants_pinned.py`.
-
-Each test here would fail on a realistic one-line bug that the test of its natural home let
-through: the default of 100 evaluation negatives (pinned only by a README example), and
-`--all-users` chunks that do not divide the user count. (The third, dropout masks not re-seeded
-on a resume, is now caught by tests/test_resume_dropout.py, which trains a NeuMF with dropout.)
+"""`ncf recommend --all-users` in chunks of users that do not divide the user count: every
+user's top items as `--users-file` gives them one user at a time:
+`pytest tests/test_recommend_chunks.py`.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
-from ncfcli.data.store import load_id_maps, read_arrays, read_meta
+from ncfcli.data.store import load_id_maps, read_meta
 from tests._runs import make_run
 
 runner = CliRunner()
@@ -26,33 +22,6 @@ runner = CliRunner()
 
 def ncf(*args: Any) -> Any:
     return runner.invoke(app, [str(a) for a in args])
-
-
-# ---- the default number of evaluation negatives ---------------------------------------------
-
-TINY_SOURCE = {"users": 40, "items": 150, "interactions": 400, "seed": 0}
-
-
-def test_prepare_draws_100_eval_negatives_by_default_through_the_cli(tmp_path: Path) -> None:
-    out = tmp_path / "cli"
-    res = ncf("prepare", "synthetic", "--users", 40, "--items", 150, "--interactions", 400,
-              "--out", out, "--device", "cpu", "--quiet", "--json")  # fmt: skip
-    assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["eval_negatives"] == 100
-    meta = read_meta(out)
-    assert meta["eval_negatives"] == 100
-    assert read_arrays(out)["test_negatives"].shape == (meta["n_users"], 100)
-
-
-def test_prepare_draws_100_eval_negatives_by_default_through_the_api(tmp_path: Path) -> None:
-    import ncfcli
-
-    ds = ncfcli.prepare("synthetic", tmp_path / "api", device="cpu", **TINY_SOURCE)
-    assert ds.meta["eval_negatives"] == 100
-    assert read_arrays(ds.path)["test_negatives"].shape == (ds.users, 100)
-
-
-# ---- --all-users in chunks that do not divide the users -------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,41 @@
+"""`ncf prepare --engine auto` (ncfcli/data/engines/choose.py): the memory engine where the input
+fits the free memory of wherever it is parsed, Dask otherwise: `pytest tests/test_engine_choice.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ncfcli.data.config import PrepareConfig
+from ncfcli.data.engines.choose import choose_engine
+
+
+class _Backend:
+    is_cuda = True
+
+    def __init__(self, gpu_free: int) -> None:
+        self.gpu_free = gpu_free
+
+    def free_memory_bytes(self) -> int:
+        return self.gpu_free
+
+
+@pytest.mark.parametrize("cudf", [False, True])
+def test_auto_compares_with_host_memory_where_parsing_is_on_the_host(
+    cudf: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """G10: with --device cuda and no cuDF the file is parsed on the host, so the input must
+    fit the host's free memory too, not only the GPU's."""
+    monkeypatch.setattr("ncfcli.data.engines.choose.cudf_installed", lambda: cudf)
+    monkeypatch.setattr("ncfcli.data.engines.choose.host_available_bytes", lambda: 1 << 30)  # 1 GiB
+    monkeypatch.setattr(
+        "ncfcli.data.engines.choose.estimate_rows", lambda config: 20_000_000
+    )  # 2 GB
+    config = PrepareConfig(source="ratings.csv")
+    engine, why = choose_engine(config, _Backend(gpu_free=80 << 30))
+    if cudf:  # parsed on the GPU: 80 GiB free there
+        assert engine == "memory" and "80.0 GiB GPU" in why, why
+    else:
+        assert engine == "dask" and "RAM free" in why, why
+    synthetic = PrepareConfig(source="synthetic", interactions=20_000_000)
+    assert choose_engine(synthetic, _Backend(gpu_free=80 << 30))[0] == "dask"  # made by NumPy
