@@ -240,11 +240,9 @@ def sequence_length_files() -> list[str]:
 # ---- the checks ------------------------------------------------------------------------------
 
 
-
 def test_no_module_takes_another_modules_private_names() -> None:
     found = private_imports()
     assert not found, "private names used across modules (make them public):\n" + "\n".join(found)
-
 
 
 def test_few_imports_of_the_package_inside_functions() -> None:
@@ -254,7 +252,6 @@ def test_few_imports_of_the_package_inside_functions() -> None:
         f"{len(found)} imports of ncfcli modules inside functions, at most "
         f"{MAX_IMPORTS_IN_FUNCTIONS}:\n" + "\n".join(found)
     )
-
 
 
 def test_few_fmt_skips() -> None:
@@ -274,7 +271,6 @@ def test_no_module_is_named_like_an_api_function() -> None:
 def test_imports_at_the_top_never_climb_the_steps() -> None:
     found = climbing_imports()
     assert not found, "imports of a later step at a module's top:\n" + "\n".join(found)
-
 
 
 def test_the_sequence_length_is_named_in_few_files() -> None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 ALIASES["train"] = aliases(TrainConfig)
 
 # The values `ncf train` takes for its named choices, checked before the data is looked at;
-# TrainConfig checks them again with the same message (tests/test_newcomer.py keeps the lists
+# TrainConfig checks them again with the same message (tests/test_options.py keeps the lists
 # TrainConfig's and the kinds' registry's).
 TRAIN_CHOICES: dict[str, tuple[str, ...]] = {
     "model": kinds.ALL,
