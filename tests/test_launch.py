@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from ncfcli import backend
 from ncfcli.cli import app
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import should_launch
+from ncfcli.launch.environment import LaunchFlags
 from ncfcli.launch.plan import (
     LaunchPlan,
     check_port_free,
@@ -63,7 +63,7 @@ def test_strip_launch_args_removes_every_launch_option_and_device() -> None:
 
 
 def test_plan_for_cpu_workers() -> None:
-    plan = plan_launch(["train", "DATA", "--nproc", "2", "--epochs", "1"], nproc=2, gpus=None)
+    plan = plan_launch(["train", "DATA", "--nproc", "2", "--epochs", "1"], LaunchFlags(nproc=2))
     assert plan.worker_args == ("DATA", "--epochs", "1", "--device", "cpu")
     assert (plan.world_size, plan.nproc_per_node, plan.master_addr) == (2, 2, "127.0.0.1")
     assert plan.threads == max(1, (len(os.sched_getaffinity(0))) // 2)
@@ -99,13 +99,13 @@ def test_worker_environment() -> None:
 )  # fmt: skip
 def test_bad_launch_options_are_one_line(kwargs: dict, message: str) -> None:
     with pytest.raises(NcfError, match=message) as e:
-        plan_launch(["train", "DATA"], **kwargs)
+        plan_launch(["train", "DATA"], LaunchFlags(**kwargs))
     assert "\n" not in str(e.value)
 
 
 def test_nproc_with_a_gpu_device_is_refused() -> None:
     with pytest.raises(NcfError, match="--nproc starts CPU workers but --device cuda was given"):
-        plan_launch(["train", "DATA", "--device", "cuda"], nproc=2, gpus=None)
+        plan_launch(["train", "DATA", "--device", "cuda"], LaunchFlags(nproc=2))
 
 
 def test_port_in_use_is_one_line() -> None:
@@ -114,7 +114,7 @@ def test_port_in_use_is_one_line() -> None:
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(NcfError, match=f"--master-port {port} is in use on this machine"):
-            plan_launch(["train", "DATA"], nproc=2, gpus=None, master_port=port)
+            plan_launch(["train", "DATA"], LaunchFlags(nproc=2, master_port=port))
 
 
 def test_free_port_is_bindable() -> None:
@@ -123,14 +123,19 @@ def test_free_port_is_bindable() -> None:
         s.bind(("", port))
 
 
-def test_should_launch() -> None:
-    assert should_launch(2, None, environ={})
-    assert should_launch(None, 1, environ={})  # so that --gpus 1 without a GPU is reported
-    assert should_launch(0, None, environ={})  # so that --nproc 0 is reported
-    assert not should_launch(None, None, environ={})
-    assert not should_launch(1, None, environ={})
-    assert not should_launch(2, None, environ={"WORLD_SIZE": "2"})  # torchrun already did it
-    assert not should_launch(2, None, environ={"SLURM_STEP_NUM_TASKS": "2"})  # srun did
+def test_launch_is_needed_only_where_no_job_has_the_ranks_yet() -> None:
+    def needed(nproc: int | None, gpus: int | None, environ: dict[str, str]) -> bool:
+        return LaunchFlags(nproc, gpus).needed(environ)
+
+    assert needed(2, None, environ={})
+    assert needed(None, 1, environ={})  # so that --gpus 1 without a GPU is reported
+    assert not needed(None, None, environ={})
+    assert not needed(1, None, environ={})
+    assert not needed(2, None, environ={"WORLD_SIZE": "2"})  # torchrun already did it
+    assert not needed(2, None, environ={"SLURM_STEP_NUM_TASKS": "2"})  # srun did
+    assert LaunchFlags(nproc=2, nnodes=2, master_addr="h").processes == 4
+    with pytest.raises(NcfError, match="--nproc must be >= 1, got 0"):
+        LaunchFlags(nproc=0)  # refused where it is made, before anything is launched
 
 
 @pytest.mark.skipif(backend.cuda_available(), reason="needs a machine without CUDA")

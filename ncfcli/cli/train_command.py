@@ -15,7 +15,7 @@ import typer
 from ncfcli.cli.app import ALIASES, NcfCommand, app, json_option, quiet_option, user_errors
 from ncfcli.data.sources import resolve_prepared
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import check_launch_flags, env_from_environ, should_launch
+from ncfcli.launch.environment import LaunchFlags, env_from_environ
 from ncfcli.model import kinds
 from ncfcli.model.config import describe_terms
 from ncfcli.options import DEVICES, aliases, build, with_options
@@ -97,30 +97,21 @@ def train(
     # 2 shared cores); sleeping ones cost little. Only takes effect before torch loads.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # What needs no torch is checked first: a mistake is refused at once, not after seconds.
-    check_launch_flags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
+    flags = LaunchFlags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
     _check_choices(**{name: options[name] for name in TRAIN_CHOICES})
     options["data_dir"] = str(_dataset(options["data_dir"], options["out"], options["resume"]))
     cfg = build(TrainConfig, options)  # every option's check, still without torch
     if cfg.tensorboard:
         check_tensorboard()
-    procs = max(gpus or 0, nproc or 0, 1) * max(nnodes, 1)
+    procs = flags.processes
     if procs > 1 and kinds.is_baseline(cfg.model):
         raise NcfError(f"--model {cfg.model} fits in one process; drop --nproc/--gpus/--nnodes", 2)
     check_launch(cfg, procs)  # before any rank starts: a refusal costs no start-up
-    if should_launch(nproc, gpus, nnodes):
+    if flags.needed():
         argv = ctx.meta.get("ncf_train_argv") or sys.argv[1:]
         from ncfcli.launch.plan import launch_train  # the launcher: NumPy loads here
 
-        code = launch_train(
-            argv,
-            nproc=nproc,
-            gpus=gpus,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            master_addr=master_addr,
-            master_port=master_port,
-        )
-        raise typer.Exit(code)
+        raise typer.Exit(launch_train(argv, flags))
     _run(cfg, json_out, quiet)
 
 

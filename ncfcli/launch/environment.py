@@ -175,49 +175,52 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
-def should_launch(
-    nproc: int | None, gpus: int | None, nnodes: int = 1, environ: dict[str, str] | None = None
-) -> bool:
-    """Whether `ncf train` must start workers (True) or train in this process (False).
+@dataclass(frozen=True)
+class LaunchFlags:
+    """`ncf train`'s launch options, checked when made: a one-line NcfError naming the flag
+    (`--nproc 0`), with no torch, so a typo costs no wait."""
 
-    False inside a job that already has its ranks (torchrun, this launcher, SLURM srun), and
-    for a plain one-process run; True whenever a launch option was given otherwise, so that
-    `launch_train` validates it (`--nproc 0`, `--gpus 1` without a GPU) instead of ignoring it.
-    """
-    environ = dict(os.environ if environ is None else environ)
-    if environ.get("WORLD_SIZE") or in_slurm_step(environ):
-        return False
-    return gpus is not None or (nproc is not None and nproc != 1) or nnodes != 1
+    nproc: int | None = None  # --nproc: CPU workers (gloo)
+    gpus: int | None = None  # --gpus: a worker per GPU (NCCL)
+    nnodes: int = 1  # --nnodes
+    node_rank: int = 0  # --node-rank: 0 hosts rank 0
+    master_addr: str | None = None  # --master-addr: rank 0's address (several nodes)
+    master_port: int | None = None  # --master-port: None for a free one (one node)
 
+    def __post_init__(self) -> None:
+        nproc, gpus, nnodes, node_rank = self.nproc, self.gpus, self.nnodes, self.node_rank
+        if nproc is not None and gpus is not None:
+            raise NcfError(
+                "--nproc and --gpus cannot be used together: --gpus N starts one worker per "
+                "GPU, --nproc N starts N CPU workers"
+            )
+        for flag, value in (("--nproc", nproc), ("--gpus", gpus), ("--nnodes", nnodes)):
+            if value is not None and value < 1:
+                raise NcfError(f"{flag} must be >= 1, got {value}")
+        if not 0 <= node_rank < nnodes:
+            raise NcfError(
+                f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}"
+            )
+        if nnodes > 1 and not self.master_addr:
+            raise NcfError(
+                f"--nnodes {nnodes} needs --master-addr, the address of node 0 (where its "
+                "launcher listens), given the same on every node"
+            )
+        if self.master_port is not None and not 1 <= self.master_port <= 65535:
+            raise NcfError(f"--master-port must be in 1..65535, got {self.master_port}")
 
-def check_launch_flags(
-    nproc: int | None,
-    gpus: int | None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> None:
-    """One-line NcfError naming the flag for a launch option that cannot work (`--nproc 0`).
+    @property
+    def processes(self) -> int:
+        """The ranks of the whole job: workers per node x nodes."""
+        return max(self.gpus or 0, self.nproc or 0, 1) * self.nnodes
 
-    Needs no torch: `ncf train` calls it before loading torch, so a typo costs no wait.
-    """
-    if nproc is not None and gpus is not None:
-        raise NcfError(
-            "--nproc and --gpus cannot be used together: --gpus N starts one worker per GPU, "
-            "--nproc N starts N CPU workers"
-        )
-    for flag, value in (("--nproc", nproc), ("--gpus", gpus), ("--nnodes", nnodes)):
-        if value is not None and value < 1:
-            raise NcfError(f"{flag} must be >= 1, got {value}")
-    if not 0 <= node_rank < nnodes:
-        raise NcfError(
-            f"--node-rank must be in 0..{nnodes - 1} for --nnodes {nnodes}, got {node_rank}"
-        )
-    if nnodes > 1 and not master_addr:
-        raise NcfError(
-            f"--nnodes {nnodes} needs --master-addr, the address of node 0 (where its launcher listens), "
-            "given the same on every node"
-        )
-    if master_port is not None and not 1 <= master_port <= 65535:
-        raise NcfError(f"--master-port must be in 1..65535, got {master_port}")
+    def needed(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether `ncf train` must start workers (True) or train in this process (False).
+
+        False inside a job that already has its ranks (torchrun, this launcher, SLURM srun),
+        and for a plain one-process run; True whenever a launch option asks for more.
+        """
+        environ = dict(os.environ if environ is None else environ)
+        if environ.get("WORLD_SIZE") or in_slurm_step(environ):
+            return False
+        return self.gpus is not None or self.nproc not in (None, 1) or self.nnodes != 1

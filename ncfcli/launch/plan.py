@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from ncfcli import backend
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import check_launch_flags
+from ncfcli.launch.environment import LaunchFlags
 from ncfcli.launch.workers import LaunchPlan, supervise
 
 LAUNCH_FLAGS = ("--gpus", "--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port")
@@ -120,18 +120,11 @@ def _train_args(argv: Sequence[str]) -> list[str]:
     return argv[1:] if argv[:1] == ["train"] else argv
 
 
-def plan_launch(
-    argv: Sequence[str],
-    *,
-    nproc: int | None,
-    gpus: int | None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> LaunchPlan:
-    """Check the launch options (one-line NcfError naming the flag) and resolve the defaults."""
-    check_launch_flags(nproc, gpus, nnodes, node_rank, master_addr, master_port)
+def plan_launch(argv: Sequence[str], flags: LaunchFlags) -> LaunchPlan:
+    """Check what the launch flags need of this machine (GPUs, a free port) and resolve the
+    defaults (one-line NcfError naming the flag)."""
+    gpus, nproc, nnodes, node_rank = flags.gpus, flags.nproc, flags.nnodes, flags.node_rank
+    master_addr, master_port = flags.master_addr, flags.master_port
     args, user_device = strip_launch_args(_train_args(argv))
     device: str | None = user_device
     per_node = 1
@@ -195,29 +188,12 @@ def _check_gpus(gpus: int, world: int) -> None:
 # ---- supervision -------------------------------------------------------------------------
 
 
-def launch_train(
-    argv: Sequence[str],
-    *,
-    nproc: int | None,
-    gpus: int | None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> int:
+def launch_train(argv: Sequence[str], flags: LaunchFlags) -> int:
     """Start this node's `ncf train` workers and supervise them; return the exit code for `ncf`.
 
     argv: the command line after `ncf`, e.g. `sys.argv[1:]` = ["train", DATA_DIR, ...] (launch
     options included: they are removed; a user's --device is replaced by the workers' device).
     Bad options raise a one-line NcfError before any worker starts; a failed worker is reported as one `error: rank R failed: ...` line here.
     """
-    plan = plan_launch(
-        argv,
-        nproc=nproc,
-        gpus=gpus,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-    )
+    plan = plan_launch(argv, flags)
     return supervise([sys.executable, "-m", "ncfcli", "train", *plan.worker_args], plan)
