@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from ncfcli.launch import distributed
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 
 
 def _tiny_prepared(out: Path, n_users: int = 300, n_items: int = 250, seed: int = 0) -> Path:

@@ -72,9 +72,9 @@ elif mode == "gloo":
     # A real process group: rank 1 dies between collectives, rank 0 is blocked in one.
     import torch
 
-    from ncfcli.launch import distributed
+    from ncfcli.launch import distributed, environment
 
-    env = distributed.env_from_environ()
+    env = environment.env_from_environ()
     distributed.init(env, "cpu")
     t = distributed.all_reduce_sum(torch.ones(3), env)
     assert t.tolist() == [2.0, 2.0, 2.0]
@@ -88,9 +88,9 @@ elif mode == "store":
     import torch
     import torch.distributed as dist
 
-    from ncfcli.launch import distributed
+    from ncfcli.launch import distributed, environment
 
-    env = distributed.env_from_environ()
+    env = environment.env_from_environ()
     distributed.init(env, "cpu")
     distributed.all_reduce_sum(torch.ones(3), env)
     if rank == 0:
@@ -119,9 +119,9 @@ elif mode == "late":
     import torch
     import torch.distributed as dist
 
-    from ncfcli.launch import distributed
+    from ncfcli.launch import distributed, environment
 
-    env = distributed.env_from_environ()
+    env = environment.env_from_environ()
     distributed.init(env, "cpu")
     if rank == 1:
 

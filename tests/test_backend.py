@@ -28,7 +28,7 @@ import pytest
 
 from ncfcli import backend
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import env_from_environ
+from ncfcli.launch.environment import env_from_environ
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:

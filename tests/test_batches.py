@@ -12,7 +12,7 @@ from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 
 CPU = get_backend("cpu")
 

@@ -255,7 +255,7 @@ def test_training_under_cupy_rules_gives_numpys_run(
     """`train()` itself (the data on the device, the epoch built on the prefetch thread, the
     evaluation set; with an order term, the previous items and contexts) with the strict
     module: the same losses and metrics as with NumPy."""
-    from ncfcli.launch.distributed import DistEnv
+    from ncfcli.launch.environment import DistEnv
     from ncfcli.training import loop as train_loop
     from ncfcli.training import shard as train_shard
     from ncfcli.training.config import TrainConfig

@@ -7,8 +7,8 @@ import socket
 import pytest
 
 from ncfcli.errors import NcfError
-from ncfcli.launch import distributed
-from ncfcli.launch.distributed import DistEnv, env_from_environ, first_slurm_host, slurm_master
+from ncfcli.launch import distributed, environment
+from ncfcli.launch.environment import DistEnv, env_from_environ, first_slurm_host, slurm_master
 
 
 def test_no_variables_is_one_process() -> None:
@@ -124,22 +124,22 @@ def test_port_in_use_at_init_names_the_port(monkeypatch: pytest.MonkeyPatch) -> 
 def test_bad_timeout_is_one_line(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("NCF_DIST_TIMEOUT", value)
     with pytest.raises(NcfError, match="NCF_DIST_TIMEOUT"):
-        distributed.timeout_seconds()
+        environment.timeout_seconds()
 
 
 def test_the_collective_backend_follows_the_device_unless_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.delenv(distributed.BACKEND_ENV, raising=False)
-    assert (distributed.backend_for("cuda:1"), distributed.backend_for("cpu")) == ("nccl", "gloo")
+    monkeypatch.delenv(environment.BACKEND_ENV, raising=False)
+    assert (environment.backend_for("cuda:1"), environment.backend_for("cpu")) == ("nccl", "gloo")
     # gloo lets two ranks share a GPU (NCCL refuses): the device check's sharded run on one GPU
-    monkeypatch.setenv(distributed.BACKEND_ENV, "gloo")
-    assert distributed.backend_for("cuda:0") == "gloo"
-    monkeypatch.setenv(distributed.BACKEND_ENV, "NCCL")
-    assert distributed.backend_for("cuda") == "nccl"
+    monkeypatch.setenv(environment.BACKEND_ENV, "gloo")
+    assert environment.backend_for("cuda:0") == "gloo"
+    monkeypatch.setenv(environment.BACKEND_ENV, "NCCL")
+    assert environment.backend_for("cuda") == "nccl"
     for value, message in (("mpi", "must be gloo or nccl, got 'mpi'"),
                            ("nccl", "NCF_DIST_BACKEND=nccl needs GPU workers")):  # fmt: skip
-        monkeypatch.setenv(distributed.BACKEND_ENV, value)
+        monkeypatch.setenv(environment.BACKEND_ENV, value)
         with pytest.raises(NcfError, match=message) as e:
-            distributed.backend_for("cpu")
+            environment.backend_for("cpu")
         assert "\n" not in str(e.value)

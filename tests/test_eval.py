@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_prepared
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring import metrics
 from ncfcli.scoring.metrics import budget_rows

@@ -16,7 +16,7 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_prepared, read_arrays
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring.metrics import full_split
 from ncfcli.training import validation as train_evaluation

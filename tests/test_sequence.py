@@ -15,7 +15,7 @@ import torch
 from ncfcli.backend import get_backend
 from ncfcli.data.sequences import SequenceBatches
 from ncfcli.data.store import load_prepared
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model
 from ncfcli.model.sequence import Sequence

@@ -22,7 +22,7 @@ from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.training import shard
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.validation import eval_sets

@@ -87,7 +87,7 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
     value given is kept."""
     from ncfcli.backend import get_backend
     from ncfcli.data.store import load_prepared
-    from ncfcli.launch.distributed import DistEnv
+    from ncfcli.launch.environment import DistEnv
     from ncfcli.training.config import TrainConfig
     from ncfcli.training.defaults import ORDER_FACTORS_ON, size_defaults
     from ncfcli.training.start import resolve_options

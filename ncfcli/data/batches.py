@@ -79,7 +79,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.xops import host_int, sorted_unique
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 
 CHUNK = 1 << 24  # samples built per vectorised pass; bounds temporaries, not a Python row loop
 # A GPU builds the next epoch while training holds its activations, so its temporaries (about

@@ -25,7 +25,7 @@ import torch
 
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 
 NEGATIVES = 256  # uniform items each step's positions are scored against, with their next item
 

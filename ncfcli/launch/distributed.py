@@ -19,37 +19,14 @@ import torch.distributed as dist
 
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import (
-    BACKEND_ENV,
-    DEFAULT_TIMEOUT_S,
     TIMEOUT_ENV,
     DistEnv,
     backend_for,
-    env_from_environ,
     first_line,
-    first_slurm_host,
     in_slurm_step,
     slurm_master,
     timeout_seconds,
 )
-
-__all__ = [
-    "BACKEND_ENV",
-    "DEFAULT_TIMEOUT_S",
-    "TIMEOUT_ENV",
-    "DistEnv",
-    "all_gather",
-    "all_reduce_sum",
-    "backend_for",
-    "barrier",
-    "env_from_environ",
-    "first_slurm_host",
-    "gather_ints",
-    "in_slurm_step",
-    "init",
-    "shutdown",
-    "slurm_master",
-    "timeout_seconds",
-]
 
 
 def init(env: DistEnv, device: str) -> None:

@@ -29,7 +29,7 @@ from ncfcli.backend import get_backend
 from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.rundir import eval_record
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring import metrics

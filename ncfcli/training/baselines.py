@@ -11,7 +11,7 @@ from typing import Any
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.errors import NcfError
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.model import baselines
 from ncfcli.model.config import no_terms
 from ncfcli.rundir import record

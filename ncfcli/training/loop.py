@@ -36,7 +36,7 @@ from ncfcli.backend import Backend, get_backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv, env_from_environ
 from ncfcli.model import baselines
 from ncfcli.rundir.checkpoint import load_checkpoint
 from ncfcli.rundir.files import BEST, CKPT_DIR, CURVES, LAST
@@ -77,7 +77,7 @@ def train(
     (`ncf tune` prunes a trial so); `score_test=False` never reads the test set (a tune's
     trials, chosen on validation)."""
     t_start = time.perf_counter()
-    env = env or dist_env.env_from_environ()
+    env = env or env_from_environ()
     backend = get_backend(cfg.device, env.local_rank)
     dist_env.init(env, backend.torch_device)
     threads = torch.get_num_threads()  # run_training may lower it for small CPU batches

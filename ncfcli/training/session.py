@@ -13,7 +13,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.sequences import SequenceBatches
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.model.config import ModelConfig
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig

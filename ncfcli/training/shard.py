@@ -27,7 +27,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import size_defaults
 from ncfcli.ui import memory_size

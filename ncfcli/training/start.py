@@ -33,7 +33,7 @@ from ncfcli.data.sequences import SequenceBatches
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model, count_parameters
 from ncfcli.rundir import checkpoint as ckpt

@@ -20,7 +20,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.distributed import DistEnv
+from ncfcli.launch.environment import DistEnv
 from ncfcli.scoring.metrics import (
     FullSplit,
     full_split,
