@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.cli import app
 from ncfcli.data.config import PrepareConfig
 from ncfcli.errors import NcfError
+from tests._cli import ncf_prepare as ncf
+from tests._cli import one_line_error
 
 
 def _has_dask() -> bool:
@@ -33,16 +33,6 @@ def _has_dask() -> bool:
 
 
 needs_dask = pytest.mark.skipif(not _has_dask(), reason="no distributed")
-
-
-def ncf(*args: object) -> Any:
-    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
-
-
-def one_line_error(res: Any) -> str:
-    text = res.output.strip()
-    assert res.exit_code == 1 and "\n" not in text and "Traceback" not in text, res.output
-    return text
 
 
 # ---- the memory a worker needs ------------------------------------------------------------------

@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_id_maps, load_prepared, read_meta
+from tests._cli import ncf_prepare as ncf
+from tests._cli import one_line_error
 
 TRAIN = ["user,item,timestamp", "1,10,5", "1,11,6", "1,12,7", "2,10,1", "2,13,2", "2,14,3",
          "3,11,1", "3,12,1", "3,14,1", "3,13,9"]  # fmt: skip
@@ -133,16 +135,6 @@ def test_the_dask_engine_writes_the_memory_engines_dataset(tmp_path: Path, text:
 
 
 # ---- users the file holds, and the time of their held-out rows ----------------------------------
-
-
-def ncf(*args: object) -> Any:
-    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
-
-
-def one_line_error(res: Any) -> str:
-    text = res.output.strip()
-    assert res.exit_code == 1 and "\n" not in text and "Traceback" not in text, res.output
-    return text
 
 
 def _holdout(tmp_path: Path, train: list[str], held: list[str], engine: str, *extra: object) -> Any:

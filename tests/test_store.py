@@ -9,7 +9,6 @@ checked by its array_sha256.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -18,16 +17,8 @@ from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.errors import NcfError
-
-
-def ncf(*args: object) -> Any:
-    return CliRunner().invoke(app, ["prepare", *map(str, args), "--device", "cpu", "-q"])
-
-
-def one_line_error(res: Any) -> str:
-    text = res.output.strip()
-    assert res.exit_code == 1 and "\n" not in text and "Traceback" not in text, res.output
-    return text
+from tests._cli import ncf_prepare as ncf
+from tests._cli import one_line_error
 
 
 @pytest.fixture(scope="module")
