@@ -53,6 +53,18 @@ def source_name(config: PrepareConfig) -> str:
     return p.stem or "dataset"
 
 
+def synthetic_source(config: PrepareConfig, shape: dict[str, Any]) -> dict[str, Any]:
+    """meta.json's `source` for generated rows (either engine): no file, so no path or digest."""
+    return {
+        "kind": SYNTHETIC,
+        "name": source_name(config),
+        "path": None,
+        "sha256": None,
+        "shape": shape,
+        "format": "generated",
+    }
+
+
 def resolve_out(config: PrepareConfig) -> Path:
     return Path(config.out) if config.out else default_out(source_name(config), config.cache_dir)
 

@@ -34,6 +34,7 @@ import os
 import shutil
 import tempfile
 from concurrent.futures import CancelledError, ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,13 @@ from ncfcli.data.engines.choose import input_files
 from ncfcli.data.engines.cluster import check_memory, client_for, died, parse_memory, worker_stats
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted
-from ncfcli.data.record import Counts, check_out, describe, raw_scalar, source_name
+from ncfcli.data.record import (
+    Counts,
+    check_out,
+    describe,
+    raw_scalar,
+    synthetic_source,
+)
 from ncfcli.data.sources import save_titles
 from ncfcli.data.store import finish_dataset, write_bucket
 from ncfcli.data.synthetic import partition_bounds
@@ -223,17 +230,9 @@ def _source_and_blocks(
 
 
 def _synthetic_source(config: PrepareConfig) -> tuple[dict[str, Any], list[Block], dict[str, Any]]:
-    from dataclasses import asdict
 
     shape = synthetic.resolve_shape(config.preset, config.users, config.items, config.interactions)
-    source: dict[str, Any] = {
-        "kind": SYNTHETIC,
-        "name": source_name(config),
-        "path": None,
-        "sha256": None,
-        "shape": asdict(shape),
-        "format": "generated",
-    }
+    source = synthetic_source(config, asdict(shape))
     parts = len(synthetic.partition_bounds(shape)) - 1
     roles = {
         "user": "user",

@@ -61,7 +61,13 @@ from ncfcli.data.config import SYNTHETIC, PrepareConfig
 from ncfcli.data.digest import ArrayDigest
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted, dense_codes, take
-from ncfcli.data.record import Counts, check_out, describe, raw_scalar, source_name
+from ncfcli.data.record import (
+    Counts,
+    check_out,
+    describe,
+    raw_scalar,
+    synthetic_source,
+)
 from ncfcli.data.sources import save_titles
 from ncfcli.data.store import finish_dataset, write_bucket
 from ncfcli.data.xops import host_int, to_host
@@ -95,14 +101,7 @@ def load_raw(config: PrepareConfig, backend: Backend, quiet: bool) -> Any:
             backend.asarray(data["item"].astype(np.int64)),
             backend.asarray(data["timestamp"] if need_time else np.zeros_like(data["timestamp"])),
             backend.asarray(data["rating"]) if need_rating else None,
-            {
-                "kind": SYNTHETIC,
-                "name": source_name(config),
-                "path": None,
-                "sha256": None,
-                "shape": asdict(shape),
-                "format": "generated",
-            },
+            synthetic_source(config, asdict(shape)),
         )
     cols = raw.Columns(
         config.user_col, config.item_col, config.time_col, config.rating_col, config.sep
