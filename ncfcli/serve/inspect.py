@@ -15,7 +15,7 @@ from ncfcli.data.layout import HELDOUT_DIR, TRAIN_DIR, part_name
 from ncfcli.data.sources import RUNS_DIR, cache_dir
 from ncfcli.data.store import check_dataset, read_meta
 from ncfcli.errors import NcfError
-from ncfcli.training.config import PARTNER, selection_key
+from ncfcli.scoring.selection import PARTNER, selection_key
 from ncfcli.ui import summary_table
 
 DATASET, RUN = "dataset", "run"

@@ -17,8 +17,9 @@ from ncfcli.model.config import no_terms
 from ncfcli.rundir import record
 from ncfcli.rundir.logs import RunLog
 from ncfcli.scoring.metrics import full_split
+from ncfcli.scoring.selection import selection_key
 from ncfcli.training import recency
-from ncfcli.training.config import TrainConfig, selection_key, tunables
+from ncfcli.training.config import TrainConfig, tunables
 from ncfcli.training.defaults import BASE
 from ncfcli.training.run import TrainResult, describe_dataset
 from ncfcli.training.start import check_ages

@@ -42,24 +42,13 @@ from ncfcli.options import (
     one_of,
     opt,
 )
+from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS
 from ncfcli.training.defaults import first_tier, size_defaults, small_data_batch
 
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
 SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/training/shard.py
-# `--select-metric`: what chooses the epoch (training/validation.py), the grid point of a
-# baseline and the trial of `ncf tune`; "full-" ranks every item the user has not seen (ncf
-# eval's --full-ranking), the others the held-out item against its sampled negatives.
-SELECT_METRICS = ("hr@10", "ndcg@10", "full-hr@10", "full-ndcg@10")
-# The figure of each metric's protocol that breaks its ties.
-PARTNER = {
-    "hr@10": "ndcg@10",
-    "ndcg@10": "hr@10",
-    "full-hr@10": "full-ndcg@10",
-    "full-ndcg@10": "full-hr@10",
-}
-SELECT_HELP = "Validation chooses by: hr@10, ndcg@10, full-hr@10, full-ndcg@10."
 # The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch;
 # a slower power with the order term, no warm-up (docs/training-defaults.md, "Large batches").
 LR_SCALE_POWER = 0.75
@@ -515,12 +504,6 @@ def batch_lr(
     if k <= 1:
         return lr_ref, 0
     return lr_ref * min(k**power, LR_SCALE_CAP), LR_WARMUP_EPOCHS
-
-
-def selection_key(metrics: dict[str, Any], metric: str = "hr@10") -> tuple[float, float]:
-    """(the metric, its protocol's other figure): what an epoch, a baseline's grid point or a
-    tune's trial is ranked by (--select-metric); a figure not scored counts as 0."""
-    return (float(metrics.get(metric) or 0.0), float(metrics.get(PARTNER[metric]) or 0.0))
 
 
 def tunables(cfg: TrainConfig) -> dict[str, Any]:

@@ -30,7 +30,8 @@ from ncfcli.scoring.metrics import (
     sums_to_metrics,
 )
 from ncfcli.scoring.scorer import device_context, split_context
-from ncfcli.training.config import TrainConfig, selection_key
+from ncfcli.scoring.selection import selection_key
+from ncfcli.training.config import TrainConfig
 from ncfcli.training.device import tf32_restored
 
 KS = (10,)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ncfcli.data.sources import resolve_prepared
 from ncfcli.errors import NcfError
 from ncfcli.options import DEVICE_HELP, DEVICES, EVAL, MODEL, OUTPUT, opt
-from ncfcli.training.config import SELECT_HELP, SELECT_METRICS
+from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS
 
 KINDS = ("mf", "neumf", "gmf", "mlp", "pop", "itemknn", "ease", "als")
 DEFAULT_KINDS = ("mf", "neumf", "gmf", "itemknn", "ease", "als")

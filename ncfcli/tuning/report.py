@@ -23,9 +23,9 @@ from typing import Any
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, atomic_write_text, read_json_record, record_written
+from ncfcli.scoring.selection import SELECT_METRICS
 from ncfcli.serve.config import EvalConfig
 from ncfcli.serve.evaluation import run_eval
-from ncfcli.training.config import SELECT_METRICS
 from ncfcli.tuning import space
 from ncfcli.tuning.search import TRIALS_DIR, best_trial, load_optuna, spent, validation_figures
 

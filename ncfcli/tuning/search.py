@@ -40,8 +40,9 @@ from typing import Any
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
 from ncfcli.model.kinds import BASELINES
+from ncfcli.scoring.selection import selection_key
 from ncfcli.training import loop
-from ncfcli.training.config import TrainConfig, selection_key
+from ncfcli.training.config import TrainConfig
 from ncfcli.tuning import cost, space
 from ncfcli.tuning.config import TuneConfig
 
