@@ -14,6 +14,9 @@ Any kind may add an order term (`order_factors` > 0, FPMC-style: Rendle et al., 
 logit gains <P[prev], Q[item]>, prev being the item the user interacted with just before; and
 a sequence term (a window of L > 0 items, SASRec-style: Kang and McAuley, 2018): scale x
 <h, E[item]>, h the state of a causal self-attention encoder after the user's latest L items.
+Three names, one each: `uses_order` (the order term), `uses_sequence` (the sequence term),
+`takes_context` (either). A model that takes a context scores (users, items, context): the
+previous item [B] with the order term alone, the latest L items [B, L] with the sequence term.
 
 One file per part of the paper, each with its equations and tensor shapes:
 

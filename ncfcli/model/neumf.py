@@ -170,9 +170,9 @@ class NCF(nn.Module):
                 a.load_state_dict(b.state_dict())
 
     def row_sq_sum(
-        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+        self, users: torch.Tensor, items: torch.Tensor, context: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Sum of squares of the embedding rows that (users [B], items [B], prev [B]) read
+        """Sum of squares of the embedding rows that (users [B], items [B], context [B]) read
         -> [] float."""
         total = users.new_zeros((), dtype=torch.float32)
         for tab, ids in (
@@ -180,55 +180,59 @@ class NCF(nn.Module):
             (self.item_gmf, items),
             (self.user_mlp, users),
             (self.item_mlp, items),
-            (self.prev_item, prev),
+            (self.prev_item, context),
             (self.next_item, items),
         ):
             if tab is not None and ids is not None:
                 total = total + row_sq_sum(tab.weight, ids, self.training)
         return total
 
-    def _check_prev(self, prev: torch.Tensor | None) -> torch.Tensor | None:
+    def _check_context(self, context: torch.Tensor | None) -> torch.Tensor | None:
         """The third input: None, the previous items [B] (the order term) or the windows [B, L]
         (the sequence term). In training a sequence model takes the order term's [B] (or None
         without one): its pointwise loss leaves the sequence term to its own (`sequence_loss`)."""
         cfg = self.cfg
         if cfg.uses_sequence:
-            if prev is not None and prev.dim() == 2 and prev.shape[1] == cfg.sequence_length:
-                return prev
+            if (
+                context is not None
+                and context.dim() == 2
+                and context.shape[1] == cfg.sequence_length
+            ):
+                return context
             if (
                 self.training
-                and (prev is None or prev.dim() == 1)
-                and ((prev is not None) == cfg.uses_order)
+                and (context is None or context.dim() == 1)
+                and ((context is not None) == cfg.uses_order)
             ):
-                return prev
+                return context
             raise ValueError(
                 f"a model with a sequence term scores (user, item, the user's latest "
                 f"{cfg.sequence_length} items [B, {cfg.sequence_length}])"
             )
-        if prev is not None and prev.dim() != 1:
+        if context is not None and context.dim() != 1:
             raise ValueError("this model has no sequence term: it takes one previous item per row")
-        if (prev is not None) != cfg.uses_order:
+        if (context is not None) != cfg.uses_order:
             raise ValueError(
                 "a model with an order term scores (user, item, previous item); "
                 "one without it (user, item)"
-                if prev is None
+                if context is None
                 else "this model has no order term: it takes no previous item"
             )
-        return prev
+        return context
 
     def forward(
-        self, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None = None
+        self, users: torch.Tensor, items: torch.Tensor, context: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """users [B], items [B] (int32/int64), and prev: [B] for a model with an order term,
+        """users [B], items [B] (int32/int64), and context: [B] for a model with an order term,
         the windows [B, L] for one with a sequence term -> logits [B]."""
-        prev = self._check_prev(prev)
+        context = self._check_context(context)
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
-            prev = prev.long() if prev is not None else None
-        if prev is None or prev.dim() == 1:
-            return self.with_states(users, items, prev)
+            context = context.long() if context is not None else None
+        if context is None or context.dim() == 1:
+            return self.with_states(users, items, context)
         assert self.sequence is not None
-        return self.with_states(users, items, prev[:, -1], self.sequence.user_state(prev))
+        return self.with_states(users, items, context[:, -1], self.sequence.user_state(context))
 
     def with_states(
         self,
@@ -293,10 +297,10 @@ class NCF(nn.Module):
     def score_all(
         self,
         users: torch.Tensor,
-        prev: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
         items: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """users [U] (and prev: [U], each user's previous item, for a model with an order term;
+        """users [U] (and context: [U], each user's previous item, for a model with an order term;
         [U, L], each user's latest items, for one with a sequence term)
         -> logits [U, n_items] against every item: forward() on all U * n_items pairs, with the
         towers factored so ranking the catalogue costs less. `items` [B] scores only those
@@ -308,13 +312,13 @@ class NCF(nn.Module):
         floats may differ in the last bits (another summation order), but a pair's logit does
         not depend on which other users or items are scored with it. Call in eval mode.
         """
-        prev = self._check_prev(prev)
+        context = self._check_context(context)
         items = items.long() if items is not None else None
-        if prev is None or prev.dim() == 1:
-            return self._kind_scores(users.long(), prev, items)
+        if context is None or context.dim() == 1:
+            return self._kind_scores(users.long(), context, items)
         assert self.sequence is not None
-        out = self._kind_scores(users.long(), prev[:, -1], items)
-        return self.sequence.add_scores(out, prev, items)
+        out = self._kind_scores(users.long(), context[:, -1], items)
+        return self.sequence.add_scores(out, context, items)
 
     def _kind_scores(
         self, users: torch.Tensor, last: torch.Tensor | None, items: torch.Tensor | None

@@ -79,12 +79,12 @@ def sampled_ranks(
     test_items: torch.Tensor,
     test_negatives: torch.Tensor,
     max_rows: int = 1 << 20,
-    prev: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rank of each user's test item among its sampled negatives.
 
     users [U] dense ids; test_items [U]; test_negatives [U, N] (rows aligned with users), all
-    on the model's device; prev [U], each user's previous item, for a model with an order term
+    on the model's device; context [U], each user's previous item, for a model with an order term
     (PreparedData.context), else None. Scores are computed in chunks of at most `max_rows` pairs,
     by the model's factored scorer where it has one (`score_all(users, items=[U, N + 1])`: the
     MLP's first layer once per user and item, not per pair), else by forward() on the pairs.
@@ -95,7 +95,9 @@ def sampled_ranks(
     for s in range(0, users.shape[0], chunk):
         u = users[s : s + chunk]
         items = torch.cat([test_items[s : s + chunk, None], test_negatives[s : s + chunk]], dim=1)
-        scores = score_items(model, u, items, prev[s : s + chunk] if prev is not None else None)
+        scores = score_items(
+            model, u, items, context[s : s + chunk] if context is not None else None
+        )
         out.append(positive_ranks(scores[:, 0], scores[:, 1:]))
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=users.device)
@@ -215,20 +217,20 @@ def masked_scores(
     n_items: int,
     offsets: torch.Tensor,
     train_items: torch.Tensor,
-    prev: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores of `users` against every item, each user's training items set to -inf.
 
     users int64 [U] dense ids (any order); offsets int64 [n_users + 1] (CSR: user u's training
     items are train_items[offsets[u]:offsets[u + 1]]); train_items [n_train]; all on the
-    model's device; prev [n_users] (by dense id) the order term's context, or None.
+    model's device; context [n_users] (by dense id) the order term's context, or None.
     Returns float32 [U, n_items], the model's logits. One pass over all
     U * n_items pairs (NCF.score_all where the model has it) and one scatter for the mask: no
     Python loop over users.
     """
     device = users.device
     n = users.shape[0]
-    scores = score_all(model, users, n_items, prev[users] if prev is not None else None)
+    scores = score_all(model, users, n_items, context[users] if context is not None else None)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
@@ -277,13 +279,13 @@ def full_ranks(
     train_items: torch.Tensor,
     test_items: torch.Tensor,
     max_rows: int = 1 << 20,
-    prev: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
     cap: int | None = None,
 ) -> torch.Tensor:
     """Full-ranking rank of each test item for users [user_start, user_end).
 
     offsets int64 [n_users + 1] and train_items [n_train] as in `masked_scores`; test_items
-    [n_users] (indexed by dense user id), and prev [n_users] likewise for a model with an order
+    [n_users] (indexed by dense user id), and context [n_users] likewise for a model with an order
     term; all on the model's device. Every item the user did not interact with in training is
     a candidate, the test item included. Users are scored in chunks of
     `chunk_users(n_items, max_rows)`. Returns int64 [user_end - user_start]: each rank, or
@@ -318,7 +320,7 @@ def full_ranks(
             pos = torch.arange(lo, hi, dtype=torch.int64, device=device)
             rows = torch.searchsorted(offsets[s + 1 : e + 1].contiguous(), pos, right=True)
             known[rows, train_items[lo:hi].long()] = True
-        p = prev[s:e] if prev is not None else None
+        p = context[s:e] if context is not None else None
         if order is not None and cap is not None:
             out.append(_capped_ranks(model, users, p, known, test_items[s:e], order, cap))
             continue
@@ -333,7 +335,7 @@ class FullSplit:
     """One held-out split's full-ranking inputs on the device, every user's (`full_split`):
     held int32 [n_users], the held-out item by dense user id (0 where the user has none);
     has bool [n_users], whether the user has one; offsets int64 [n_users + 1] and seen, the
-    user's known positives in CSR form (PreparedData.known_positives); prev int32 [n_users],
+    user's known positives in CSR form (PreparedData.known_positives); context int32 [n_users],
     the order term's context (PreparedData.context), or None for a model without one."""
 
     n_items: int
@@ -341,12 +343,12 @@ class FullSplit:
     has: torch.Tensor
     offsets: torch.Tensor
     seen: torch.Tensor
-    prev: torch.Tensor | None
+    context: torch.Tensor | None
 
 
-def full_split(data: Any, split: str, backend: Any, prev: torch.Tensor | None) -> FullSplit:
+def full_split(data: Any, split: str, backend: Any, context: torch.Tensor | None) -> FullSplit:
     """`split`'s full-ranking inputs of PreparedData `data`, on `backend`'s torch device;
-    `prev`: data.context(split) there, for a model with an order term, else None."""
+    `context`: data.context(split) there, for a model with an order term, else None."""
     device, xp = backend.torch_device, backend.xp
     users_np, held_np, _ = data.held_out(split, xp)
     users = backend.to_torch(users_np).to(device).long()
@@ -356,7 +358,9 @@ def full_split(data: Any, split: str, backend: Any, prev: torch.Tensor | None) -
     has[users] = True
     offsets_np, seen_np = data.known_positives(split, xp)
     offsets = backend.to_torch(offsets_np).to(device)
-    return FullSplit(data.n_items, held, has, offsets, backend.to_torch(seen_np).to(device), prev)
+    return FullSplit(
+        data.n_items, held, has, offsets, backend.to_torch(seen_np).to(device), context
+    )
 
 
 def full_split_ranks(
@@ -366,7 +370,7 @@ def full_split_ranks(
     item: users are ranked by contiguous id ranges, one without an item with a stand-in item
     and dropped before counting."""
     ranks = full_ranks(
-        model, start, end, fs.n_items, fs.offsets, fs.seen, fs.held, max_rows, fs.prev, cap=cap
+        model, start, end, fs.n_items, fs.offsets, fs.seen, fs.held, max_rows, fs.context, cap=cap
     )
     return ranks[fs.has[start:end]]
 
@@ -391,7 +395,7 @@ def _beats(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 def _capped_ranks(
     model: torch.nn.Module,
     users: torch.Tensor,
-    prev: torch.Tensor | None,
+    context: torch.Tensor | None,
     known: torch.Tensor,
     pos_items: torch.Tensor,
     order: torch.Tensor,
@@ -400,7 +404,7 @@ def _capped_ranks(
     """min(rank, cap) of each user's positive, as masked_ranks on the full masked score
     matrix would give, scoring the items in blocks and dropping users once `cap` beat them.
 
-    users [U], prev [U] or None, known bool [U, n_items] (True: excluded), pos_items [U],
+    users [U], context [U] or None, known bool [U, n_items] (True: excluded), pos_items [U],
     order [n_items] (`popular_first`). The first block is the chunk's positives (each user's
     own positive is scored there, by the same call as its rivals), then the other items in
     `order`, FIRST_BLOCK first and doubling. One host read per block, to drop finished users.
@@ -411,7 +415,7 @@ def _capped_ranks(
     firsts = torch.unique(pos_items)  # sorted
     own = torch.searchsorted(firsts, pos_items)  # each user's positive, as a column of firsts
     rows = torch.arange(n_users, device=users.device)
-    scores = score_all(model, users, n_items, prev, firsts)
+    scores = score_all(model, users, n_items, context, firsts)
     scores.masked_fill_(known[:, firsts], float("-inf"))
     pos = scores[rows, own]
     beats = _beats(scores, pos)
@@ -424,7 +428,7 @@ def _capped_ranks(
     i0, width = 0, FIRST_BLOCK
     while i0 < rest.shape[0] and left.numel():
         items = rest[i0 : i0 + width]
-        p = prev[left] if prev is not None else None
+        p = context[left] if context is not None else None
         scores = score_all(model, users[left], n_items, p, items)
         scores.masked_fill_(known[left[:, None], items[None, :]], float("-inf"))
         count[left] += _beats(scores, pos[left]).sum(dim=1)

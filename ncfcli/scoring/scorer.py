@@ -51,11 +51,11 @@ def latest_items(context: Any) -> Any:
 
 
 def score_items(
-    model: torch.nn.Module, users: torch.Tensor, items: torch.Tensor, prev: torch.Tensor | None
+    model: torch.nn.Module, users: torch.Tensor, items: torch.Tensor, context: torch.Tensor | None
 ) -> torch.Tensor:
-    """float32 [U, C] logits of users [U] against their own items [U, C] (prev: the users'
+    """float32 [U, C] logits of users [U] against their own items [U, C] (context: the users'
     context, or None): the factored score_all where the model has one, else forward()."""
-    given = () if prev is None else (prev,)
+    given = () if context is None else (context,)
     score_all = getattr(model, "score_all", None)
     if callable(score_all):
         return score_all(users, *given, items=items).float()
@@ -71,13 +71,13 @@ def score_all(
     model: torch.nn.Module,
     users: torch.Tensor,
     n_items: int,
-    prev: torch.Tensor | None = None,
+    context: torch.Tensor | None = None,
     items: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """float32 [U, n_items] logits of users int64 [U] (prev: the users' context, or None)
+    """float32 [U, n_items] logits of users int64 [U] (context: the users' previous item or window, or None)
     against every item, or [U, B] against items [B]."""
     factored = getattr(model, "score_all", None)
-    given = () if prev is None else (prev,)
+    given = () if context is None else (context,)
     if callable(factored):  # NCF: its towers factored, less work than scoring pairs
         if items is None:
             return factored(users, *given).float()
