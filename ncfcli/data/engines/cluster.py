@@ -214,6 +214,7 @@ def client_for(
         # nanny's terminate fraction (95%) still ends a worker that outgrows its limit, which
         # the engine reports in one line (`died`).
         stack.enter_context(dask.config.set({"distributed.worker.memory.pause": False}))
+        stack.enter_context(_no_second_line())
         if backend.is_cuda:
             # GPU-only line (docs/gpu.md): dask-cuda's workers are spawned meanwhile, so a Ctrl-C
             # while they start is lost; one after that stops the run.
@@ -253,6 +254,23 @@ def client_for(
             raise
 
 
+class _KilledWorkerLog(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "workers died while trying to run" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _no_second_line() -> Iterator[None]:
+    """The local scheduler's "Task ... marked as failed because N workers died" left out: the
+    run's own error line (`died`) says so, and a lost worker Dask recovers from says nothing."""
+    log, quiet = logging.getLogger("distributed.scheduler"), _KilledWorkerLog()
+    log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        log.removeFilter(quiet)
+
+
 def _start_workers(cluster: Any, client: Any, workers: int) -> None:
     cluster.scale(workers)
     try:
@@ -290,8 +308,25 @@ def worker_stats(client: Any) -> dict[str, Any]:
     }
 
 
+def _value(value: Any) -> Any:
+    return value
+
+
+def held(client: Any, value: Any) -> Any:
+    """A future of the client's `value` that Dask can recompute: the scheduler keeps the task,
+    `value` its argument, where a scattered future lives only on its workers and, lost with
+    them, ends the run (its dependents cancelled). The id dictionaries are tens of MB at
+    MLPerf's scale: sent once, and Dask's "Sending large graph" warning would only interrupt
+    the command's output."""
+    import dask
+
+    with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1TiB"}):
+        return client.submit(_value, value, pure=False)
+
+
 def died(e: BaseException, client: Any) -> NcfError:
-    """One line for a worker that died (killed by its nanny near --memory-limit, or crashed)."""
+    """One line for a worker that died (killed by its nanny near --memory-limit, or crashed)
+    where Dask could not recover: a task whose workers died on every try."""
     why = "a Dask worker died"
     try:
         if client.get_events("worker-restart-memory"):
@@ -300,6 +335,9 @@ def died(e: BaseException, client: Any) -> NcfError:
         pass
     task = getattr(e, "task", None)
     where = f" while running {task}" if task else ""
+    tries = getattr(e, "allowed_failures", None)
+    if tries is not None:  # KilledWorker: a lost worker's work is retried until then
+        where += f", on each of its {tries + 1} tries" if tries else ", on its only try"
     return NcfError(
         f"{why}{where}; give each worker more --memory-limit, or use fewer "
         "--workers (--out is untouched)"

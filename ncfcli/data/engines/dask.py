@@ -25,6 +25,10 @@ Column-wide rules of values.py (a column of ids is text if any value is; times a
 column's longest fraction, and the first value says epoch or ISO) are kept across blocks: each
 block reports what it found, and blocks that disagree are read again as the whole file would be.
 Nothing sorts globally and nothing groups the whole data: a worker holds one block or bucket.
+
+Every future is a task's result, never scattered data (the client's arrays are tasks' arguments,
+cluster.held), so Dask recomputes what a lost worker held from the tasks that made it: a worker
+killed mid-run is restarted by its nanny and the run writes the same bytes.
 """
 
 from __future__ import annotations
@@ -63,7 +67,14 @@ from ncfcli.data.buckets import (
 )
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
 from ncfcli.data.engines.choose import input_files
-from ncfcli.data.engines.cluster import check_memory, client_for, died, parse_memory, worker_stats
+from ncfcli.data.engines.cluster import (
+    check_memory,
+    client_for,
+    died,
+    held,
+    parse_memory,
+    worker_stats,
+)
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
 from ncfcli.data.index import dedup_sorted
 from ncfcli.data.record import (
@@ -81,6 +92,8 @@ from ncfcli.fsutil import atomic_dir
 
 KILL_BUCKET_ENV = "NCF_DASK_TEST_KILL_BUCKET"  # tests: the worker splitting this bucket dies
 STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl-C's moment)
+# tests: "BUCKET:MARKER": the worker splitting BUCKET dies once, the first to create MARKER
+KILL_ONCE_ENV = "NCF_DASK_TEST_KILL_ONCE"
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -162,12 +175,7 @@ def split_write(
 ) -> tuple[dict[str, Any], int]:
     """Re-index the bucket over the kept users and items, split it and write it (the memory
     engine's per-bucket step); returns its meta entry and its users without validation."""
-    if os.environ.get(KILL_BUCKET_ENV) == str(index):
-        os._exit(1)  # a test of a worker dying mid-run
-    if os.environ.get(STALL_BUCKET_ENV) == str(index):
-        import time
-
-        time.sleep(3600)  # a test of Ctrl-C mid-run: the dataset folder is half-written now
+    _test_faults(index)
     users, items, stamps = bucket["user"], bucket["item"], bucket["ts"]
     if keep is not None:
         rows = _kept(bucket, keep, lo)
@@ -183,6 +191,24 @@ def split_write(
     n_no_valid = int(part.pop("n_no_valid"))
     host = {k: backend.to_numpy(v) for k, v in part.items()}
     return write_bucket(folder, index, new_lo, new_hi, host), n_no_valid
+
+
+def _test_faults(index: int) -> None:
+    """The tests' seams: a worker that dies (always, or once) or stalls on bucket `index`."""
+    if os.environ.get(KILL_BUCKET_ENV) == str(index):
+        os._exit(1)  # a worker dying on every try: the run ends with one line
+    once = os.environ.get(KILL_ONCE_ENV, "").split(":", 1)
+    if once[0] == str(index):
+        try:
+            os.close(os.open(once[1], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            pass
+        else:
+            os._exit(1)  # a worker lost mid-run: Dask recomputes what it held
+    if os.environ.get(STALL_BUCKET_ENV) == str(index):
+        import time
+
+        time.sleep(3600)  # a test of Ctrl-C mid-run: the dataset folder is half-written now
 
 
 # ---- the client ---------------------------------------------------------------------------
@@ -329,8 +355,9 @@ def prepare_dask(
             except NcfError:
                 raise
             except (KilledWorker, CancelledError) as e:
-                # A lost worker's results are gone and their inputs already released, so
-                # nothing is recomputed: the run stops with one line.
+                # A lost worker's results are recomputed from their tasks (nothing is
+                # scattered); this is a task whose worker died on each of its tries
+                # (distributed.scheduler.allowed-failures, 3 by default, + 1).
                 raise died(e, client) from None
             except (OSError, RuntimeError) as e:
                 from distributed.comm.core import CommClosedError
@@ -439,10 +466,10 @@ def _with_holdout(
     """`--test FILE` (holdout.py), read on the client (a row per user): one more block whose
     rows are timed one after the latest training time at the column's longest fraction, as
     the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
-    held, source["test"] = read_holdout(config, get_backend("cpu"))
+    rows, source["test"] = read_holdout(config, get_backend("cpu"))
     kinds, ids = {}, {}
     for role in ("user", "item"):
-        raw_ids = getattr(held, role)
+        raw_ids = getattr(rows, role)
         text = not isinstance(raw_ids, np.ndarray)
         check_kinds(config, role, any(i["kinds"][role] == "str" for i in infos), text)
         kinds[role] = "str" if text else "int"
@@ -451,10 +478,10 @@ def _with_holdout(
         )
     top = max(i["digits"] for i in infos)
     latest = [i["ts_max"] * 10 ** (top - i["digits"]) for i in infos if i["ts_max"] is not None]
-    ts = np.full(held.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
+    ts = np.full(rows.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
     part = Part(ids["user"], ids["item"], ts, 0, 0, kinds, digits=top)
     infos.append(summarize(part))
-    parts.append(client.scatter(part))
+    parts.append(held(client, part))
     return ids["user"]
 
 
@@ -478,7 +505,7 @@ def _index(
     pre = [b * n_u // n_buckets for b in range(n_buckets + 1)]
     top = max(i["digits"] for i in infos)
     digits = [10 ** (top - i["digits"]) for i in infos]
-    [u_f, i_f] = client.scatter([user_ids, item_ids], broadcast=True)
+    u_f, i_f = held(client, user_ids), held(client, item_ids)
     many = len(parts)
     cut = client.map(cut_buckets, parts, [u_f] * many, [i_f] * many, [n_buckets] * many, digits)
     pieces = [[client.submit(_piece, c, b) for c in cut] for b in range(n_buckets)]
@@ -541,7 +568,7 @@ def _split_write(
     rules = SplitRules.of(config)
     check_out(config, out)  # again: the folder may have changed while we read
     with atomic_dir(out, "dataset") as tmp:
-        im_f = client.scatter(ix.item_map, broadcast=True) if ix.item_map is not None else None
+        im_f = held(client, ix.item_map) if ix.item_map is not None else None
         done = [
             client.submit(
                 split_write,
