@@ -211,8 +211,9 @@ def client_for(
         # Never pause a worker: Dask pauses one whose process memory is over 80% of its limit
         # until it falls, and memory that is the process's own, not data it could spill, need
         # not fall: the run then waited forever (seen at a 250MiB limit on 2 busy cores). The
-        # nanny's terminate fraction (95%) still ends a worker that outgrows its limit, which
-        # the engine reports in one line (`died`).
+        # nanny's terminate fraction (95%) still ends a worker that outgrows its limit: it is
+        # restarted and its work recomputed, and a task that keeps killing its workers is one
+        # line (`died`).
         stack.enter_context(dask.config.set({"distributed.worker.memory.pause": False}))
         stack.enter_context(_no_second_line())
         if backend.is_cuda:
