@@ -58,6 +58,7 @@ def _three_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: object,
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.slow  # 4 to 13 s: three prepares of 300k rows, two local clusters
 def test_a_worker_killed_while_splitting_300k_synthetic_rows(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     # Six partitions (blocks) of users; --min-interactions 12 drops users and maps the items.
