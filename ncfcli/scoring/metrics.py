@@ -274,8 +274,8 @@ def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
 FIRST_BLOCK = 32
 # Users whose positives one score_all call scores on a CPU, each against the group's positives
 # (at most POSITIVE_GROUP^2 pairs): a chunk's whole set of positives (~900 users x ~700 items)
-# cost three quarters of the pairs a full ranking scored. A GPU scores the chunk's at once (one
-# call: launches cost more there than the pairs).
+# cost about three quarters of the pairs a full ranking scored. A GPU scores the chunk's at
+# once (one call: launches cost more there than the pairs).
 POSITIVE_GROUP = 64
 
 

@@ -111,9 +111,9 @@ def scoring_threads(device: torch.device | str) -> Iterator[None]:
 
     Scoring runs many small operations (a tile of pairs, a block of items), each one parallel
     region whose threads wait for each other: with another process on one of two cores, every
-    region waits for the descheduled thread. Amazon Sports' full ranking (load average 5 on 2
-    cores) took 72 s on 2 threads and 2.4-5.2 s on one, same ranks; `ncf eval` sampled 26 s
-    and 15-17 s."""
+    region waits for the descheduled thread. Amazon Sports' full ranking of a 1-epoch NeuMF
+    (load average 5-7 on 2 cores, alternating) took 72 s on 2 threads and 3.9-5.2 s on one,
+    same ranks; its whole sampled `ncf eval` 26 s and 15-17 s (docs/eval.md)."""
     before = torch.get_num_threads()
     torch.set_num_threads(scoring_thread_count(device))
     try:
