@@ -9,6 +9,7 @@ a user once `cap` candidates beat their positive. Every model kind, and the base
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -93,6 +94,7 @@ def test_full_ranking_equals_scoring_every_pair(
     prev = prev_items(2) if order else None
     want = reference_full(model, offsets, items, test, prev)
     monkeypatch.setattr(metrics, "FIRST_BLOCK", 3)  # several item blocks, odd sizes
+    monkeypatch.setattr(metrics, "POSITIVE_GROUP", 4)  # the positives in groups, 4 not dividing
     # 1 user a chunk, 4 (not dividing 23), all; uncapped and capped below most ranks.
     for rows in (N_ITEMS, 4 * N_ITEMS + 5, 10**6):
         for cap in (None, 3, 1):
@@ -205,3 +207,79 @@ def test_eval_defaults_to_the_budget() -> None:
     assert rows_for(CPU, 65536, model) == 65536  # --eval-batch still counts pairs
     gpu = torch.device("cuda")
     assert pair_bytes(model, gpu) == metrics.SCORE_PAIR_BYTES + 4 * (4 + 0)
+
+
+def counting(model: Any) -> list[tuple[int, int]]:
+    """Record the shape of every score_all call `model` makes from now on."""
+    calls: list[tuple[int, int]] = []
+    inner = model.score_all
+
+    def counted(users: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
+        out = inner(users, *args, **kw)
+        calls.append(tuple(out.shape))
+        return out
+
+    model.score_all = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_positives_are_scored_in_small_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU a capped ranking scores each user's positive against its own group's positives
+    (POSITIVE_GROUP users), not the chunk's: ~64 pairs a user, where the chunk's positives
+    were three quarters of Amazon Sports' pairs; then the popular items, block by block."""
+    model = ncf_model("neumf", (16, 8, 4), 3)
+    offsets, items, test = csr(1)
+    calls = counting(model)
+    monkeypatch.setattr(metrics, "POSITIVE_GROUP", 4)
+    monkeypatch.setattr(metrics, "FIRST_BLOCK", 5)
+    full_ranks(model, 0, N_USERS, N_ITEMS, offsets, items, test, 10**6, prev_items(2), cap=1)
+    groups = -(-N_USERS // 4)
+    assert all(u <= 4 and i <= 4 for u, i in calls[:groups]), calls[:groups]
+    assert calls[groups] == (N_USERS, 5)  # every user left, against the 5 most popular items
+
+
+@pytest.mark.parametrize("protocol", ["full", "capped", "sampled", "masked"])
+def test_scoring_runs_on_one_thread_fewer_than_the_cores(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With several threads on a CPU, each of scoring's many small operations waits for the
+    slowest thread: a busy core stalled Amazon Sports' full ranking 30x. Scoring runs on one
+    thread fewer than the cores (torch's count is restored after); OMP_NUM_THREADS wins."""
+    model = ncf_model("neumf", (16, 8, 4), 0)
+    offsets, items, test = csr(1)
+    seen: list[int] = []
+    inner = model.score_all
+
+    def spy(*args: Any, **kw: Any) -> torch.Tensor:
+        seen.append(torch.get_num_threads())
+        return inner(*args, **kw)
+
+    model.score_all = spy  # type: ignore[method-assign]
+    users = torch.arange(N_USERS)
+
+    def score() -> None:
+        if protocol in ("full", "capped"):
+            cap = 2 if protocol == "capped" else None
+            full_ranks(model, 0, N_USERS, N_ITEMS, offsets, items, test, 10**6, cap=cap)
+        elif protocol == "sampled":
+            sampled_ranks(model, users, test, torch.zeros(N_USERS, 3, dtype=torch.int64))
+        else:
+            metrics.masked_scores(model, users, N_ITEMS, offsets, items)
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        score()
+        assert set(seen) == {3} and torch.get_num_threads() == 4
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+        seen.clear()
+        score()
+        assert set(seen) == {1} and torch.get_num_threads() == 4
+        monkeypatch.setenv("OMP_NUM_THREADS", "4")
+        seen.clear()
+        score()
+        assert set(seen) == {4}
+    finally:
+        torch.set_num_threads(before)

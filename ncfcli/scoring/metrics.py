@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ncfcli.model.baselines import free_memory_bytes
-from ncfcli.scoring.scorer import score_all, score_items
+from ncfcli.scoring.scorer import score_all, score_items, scoring_threads
 
 TIE_RULE = "ties rank the positive last"
 
@@ -92,13 +92,16 @@ def sampled_ranks(
     n_cand = test_negatives.shape[1] + 1
     chunk = max(1, max_rows // n_cand)
     out = []
-    for s in range(0, users.shape[0], chunk):
-        u = users[s : s + chunk]
-        items = torch.cat([test_items[s : s + chunk, None], test_negatives[s : s + chunk]], dim=1)
-        scores = score_items(
-            model, u, items, context[s : s + chunk] if context is not None else None
-        )
-        out.append(positive_ranks(scores[:, 0], scores[:, 1:]))
+    with scoring_threads(users.device):
+        for s in range(0, users.shape[0], chunk):
+            u = users[s : s + chunk]
+            items = torch.cat(
+                [test_items[s : s + chunk, None], test_negatives[s : s + chunk]], dim=1
+            )
+            scores = score_items(
+                model, u, items, context[s : s + chunk] if context is not None else None
+            )
+            out.append(positive_ranks(scores[:, 0], scores[:, 1:]))
     if not out:
         return torch.zeros(0, dtype=torch.int64, device=users.device)
     return torch.cat(out)
@@ -230,7 +233,8 @@ def masked_scores(
     """
     device = users.device
     n = users.shape[0]
-    scores = score_all(model, users, n_items, context[users] if context is not None else None)
+    with scoring_threads(device):
+        scores = score_all(model, users, n_items, context[users] if context is not None else None)
     first = offsets[users]
     counts = offsets[users + 1] - first
     total = int(counts.sum())
@@ -263,10 +267,16 @@ def masked_ranks(scores: torch.Tensor, pos_items: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(pos), torch.full_like(ranks, scores.shape[1]), ranks)
 
 
-# The first block of items the capped ranking scores after the chunk's positives; each next
-# block is twice as large, so a user whose positive is beaten early costs one small block and a
-# user near the top costs a few blocks more than the whole catalogue in one.
-FIRST_BLOCK = 1024
+# The capped ranking scores every item in popularity order, in blocks: FIRST_BLOCK items first,
+# each next block twice as large. On Amazon Sports (18k items) a 1-epoch NeuMF's positive is
+# beaten by 20 of the 21 most popular items for 90% of the users, so most users cost one small
+# block, and a user near the top a few blocks more than the whole catalogue in one.
+FIRST_BLOCK = 32
+# Users whose positives one score_all call scores on a CPU, each against the group's positives
+# (at most POSITIVE_GROUP^2 pairs): a chunk's whole set of positives (~900 users x ~700 items)
+# cost about three quarters of the pairs a full ranking scored. A GPU scores the chunk's at
+# once (one call: launches cost more there than the pairs).
+POSITIVE_GROUP = 64
 
 
 @torch.no_grad()
@@ -311,22 +321,23 @@ def full_ranks(
     bounds = offsets[at].tolist()  # the one host read
     blocks = cap is not None and bool(getattr(model, "subset_scoring", False))
     order = popular_first(train_items, n_items) if blocks else None
-    for c, s in enumerate(starts):
-        e = min(s + step, user_end)
-        users = torch.arange(s, e, dtype=torch.int64, device=device)
-        lo, hi = bounds[c], bounds[c + 1]
-        known = torch.zeros(e - s, n_items, dtype=torch.bool, device=device)
-        if hi > lo:
-            pos = torch.arange(lo, hi, dtype=torch.int64, device=device)
-            rows = torch.searchsorted(offsets[s + 1 : e + 1].contiguous(), pos, right=True)
-            known[rows, train_items[lo:hi].long()] = True
-        p = context[s:e] if context is not None else None
-        if order is not None and cap is not None:
-            out.append(_capped_ranks(model, users, p, known, test_items[s:e], order, cap))
-            continue
-        scores = score_all(model, users, n_items, p).masked_fill_(known, float("-inf"))
-        ranks = masked_ranks(scores, test_items[s:e])
-        out.append(ranks if cap is None else ranks.clamp(max=cap))
+    with scoring_threads(device):
+        for c, s in enumerate(starts):
+            e = min(s + step, user_end)
+            users = torch.arange(s, e, dtype=torch.int64, device=device)
+            lo, hi = bounds[c], bounds[c + 1]
+            known = torch.zeros(e - s, n_items, dtype=torch.bool, device=device)
+            if hi > lo:
+                pos = torch.arange(lo, hi, dtype=torch.int64, device=device)
+                rows = torch.searchsorted(offsets[s + 1 : e + 1].contiguous(), pos, right=True)
+                known[rows, train_items[lo:hi].long()] = True
+            p = context[s:e] if context is not None else None
+            if order is not None and cap is not None:
+                out.append(_capped_ranks(model, users, p, known, test_items[s:e], order, cap))
+                continue
+            scores = score_all(model, users, n_items, p).masked_fill_(known, float("-inf"))
+            ranks = masked_ranks(scores, test_items[s:e])
+            out.append(ranks if cap is None else ranks.clamp(max=cap))
     return torch.cat(out)
 
 
@@ -392,6 +403,31 @@ def _beats(scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return ((scores >= pos[:, None]) | torch.isnan(scores)) & candidate
 
 
+def _positive_scores(
+    model: torch.nn.Module,
+    users: torch.Tensor,
+    context: torch.Tensor | None,
+    known: torch.Tensor,
+    pos_items: torch.Tensor,
+) -> torch.Tensor:
+    """float32 [U]: each user's score for its own positive pos_items [U] (int64), -inf where
+    `known` excludes it, as masked_ranks reads it off the masked matrix. Users go in groups of
+    POSITIVE_GROUP (a GPU: all at once), each scored against its group's positives by the same
+    score_all(items=[B]) as their rivals' blocks."""
+    n = users.shape[0]
+    group = POSITIVE_GROUP if users.device.type == "cpu" else max(1, n)
+    pos = torch.empty(n, dtype=torch.float32, device=users.device)
+    for g in range(0, n, group):
+        mine = pos_items[g : g + group]
+        firsts = torch.unique(mine)  # sorted
+        own = torch.searchsorted(firsts, mine)  # each user's positive, as a column of firsts
+        p = context[g : g + group] if context is not None else None
+        scores = score_all(model, users[g : g + group], known.shape[1], p, firsts)
+        pos[g : g + group] = scores[torch.arange(mine.shape[0], device=users.device), own]
+    rows = torch.arange(n, device=users.device)
+    return pos.masked_fill_(known[rows, pos_items], float("-inf"))
+
+
 def _capped_ranks(
     model: torch.nn.Module,
     users: torch.Tensor,
@@ -405,33 +441,25 @@ def _capped_ranks(
     matrix would give, scoring the items in blocks and dropping users once `cap` beat them.
 
     users [U], context [U] or None, known bool [U, n_items] (True: excluded), pos_items [U],
-    order [n_items] (`popular_first`). The first block is the chunk's positives (each user's
-    own positive is scored there, by the same call as its rivals), then the other items in
-    `order`, FIRST_BLOCK first and doubling. One host read per block, to drop finished users.
-    A NaN positive counts `cap` at once (a miss at every K, as in masked_ranks).
+    order [n_items] (`popular_first`). The positives are scored first (`_positive_scores`),
+    then every item in `order`, FIRST_BLOCK first and doubling, each user's own positive not
+    counted against itself. One host read per block, to drop finished users. A NaN positive
+    counts `cap` at once (a miss at every K, as in masked_ranks).
     """
     n_users, n_items = known.shape
     pos_items = pos_items.long()
-    firsts = torch.unique(pos_items)  # sorted
-    own = torch.searchsorted(firsts, pos_items)  # each user's positive, as a column of firsts
-    rows = torch.arange(n_users, device=users.device)
-    scores = score_all(model, users, n_items, context, firsts)
-    scores.masked_fill_(known[:, firsts], float("-inf"))
-    pos = scores[rows, own]
-    beats = _beats(scores, pos)
-    beats[rows, own] = False
-    count = torch.where(torch.isnan(pos), cap, beats.sum(dim=1))
-    taken = torch.zeros(n_items, dtype=torch.bool, device=users.device)
-    taken[firsts] = True
-    rest = order[~taken[order]]
-    left = rows[count < cap]
+    pos = _positive_scores(model, users, context, known, pos_items)
+    count = torch.zeros(n_users, dtype=torch.int64, device=users.device)
+    count.masked_fill_(torch.isnan(pos), cap)
+    left = torch.arange(n_users, device=users.device)[count < cap]
     i0, width = 0, FIRST_BLOCK
-    while i0 < rest.shape[0] and left.numel():
-        items = rest[i0 : i0 + width]
+    while i0 < n_items and left.numel():
+        items = order[i0 : i0 + width]
         p = context[left] if context is not None else None
         scores = score_all(model, users[left], n_items, p, items)
         scores.masked_fill_(known[left[:, None], items[None, :]], float("-inf"))
-        count[left] += _beats(scores, pos[left]).sum(dim=1)
+        beats = _beats(scores, pos[left]) & (items[None, :] != pos_items[left, None])
+        count[left] += beats.sum(dim=1)
         left = left[count[left] < cap]
         i0, width = i0 + width, 2 * width
     return count.clamp(max=cap)

@@ -10,6 +10,9 @@ the items before the held-out one, or "next", everything the data holds.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -89,3 +92,31 @@ def score_all(
     rows: tuple[torch.Tensor, ...] = (users.repeat_interleave(width), items.repeat(n))
     rows += tuple(p.repeat_interleave(width) for p in given)
     return model(*rows).float().view(n, width)
+
+
+def scoring_thread_count(device: torch.device | str) -> int:
+    """The intra-op threads scoring runs on: on a CPU one fewer than the process may use
+    (one on a 2-core machine, as training steps run: ncfcli/training/device.py), never more
+    than torch has now; torch's own count on a GPU or where OMP_NUM_THREADS is set."""
+    now = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return now
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(now, (cores or 1) - 1))
+
+
+@contextmanager
+def scoring_threads(device: torch.device | str) -> Iterator[None]:
+    """Score with `scoring_thread_count(device)` threads, restored on exit.
+
+    Scoring runs many small operations (a tile of pairs, a block of items), each one parallel
+    region whose threads wait for each other: with another process on one of two cores, every
+    region waits for the descheduled thread. Amazon Sports' full ranking of a 1-epoch NeuMF
+    (load average 5-7 on 2 cores, alternating) took 72 s on 2 threads and 3.9-5.2 s on one,
+    same ranks; its whole sampled `ncf eval` 26 s and 15-17 s (docs/eval.md)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(scoring_thread_count(device))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
