@@ -27,6 +27,8 @@ An epoch's order:
 
 So batches mix samples within a window of K buckets, not across the whole shard as a resident
 shard did: results differ from that order within seed noise (docs/scale.md has the figures).
+With K at least the rank's bucket count the one window is the resident shard, its samples and
+its run the same bytes as before streaming.
 Everything is a function of (seed, epoch, K, the rank's buckets): a run resumed mid-epoch skips
 the windows before its step without reading them, and must keep K to continue the same epoch.
 """
@@ -170,7 +172,8 @@ class StreamSampler:
         salt = (self.seed * 0x9E3779B97F4A7C15 + epoch * 0xD1B54A32D192ED03 + 0x5EED) % (1 << 64)
         perm = KeyedPermutation(len(self.buckets), salt, np)
         order = [self.buckets[i] for i in perm(np.arange(len(self.buckets))).tolist()]
-        groups = [order[i : i + self.k] for i in range(0, len(order), self.k)]
+        # Sorted within a window: a window of all the rank's buckets is the resident shard.
+        groups = [sorted(order[i : i + self.k]) for i in range(0, len(order), self.k)]
         rows = [sum(self.rows(b) for b in g) * (1 + self.neg_per_pos) for g in groups]
         total, done, taken, out = sum(rows), 0, 0, []
         for g, m in zip(groups, rows, strict=True):
