@@ -97,7 +97,10 @@ def test_an_epoch_trains_every_row_of_its_buckets_a_window_at_a_time(
     for epoch in (1, 2):
         before = len(s.reader.reads)
         epoch_batches = s.epoch(epoch, 64)
-        batches = list(epoch_batches)
+        batches = []
+        for b in epoch_batches:  # a step's time: the next window is read meanwhile
+            batches.append(b)
+            time.sleep(0.001)
         assert len(batches) == len(epoch_batches) == -(-s.common // 64)
         assert [len(b[0]) for b in batches[:-1]] == [64] * (len(batches) - 1)
         users, items, labels = columns(batches)
@@ -117,7 +120,8 @@ def test_an_epoch_trains_every_row_of_its_buckets_a_window_at_a_time(
         gc.collect()
         assert s.reader.live == 0
     assert s.reader.peak <= 2 * k
-    if k == 1:  # the windows' order is the epoch's own
+    if k == 1:  # the next window is read while one trains
+        assert s.reader.peak == 2  # the windows' order is the epoch's own
         assert s.reader.reads[:4] != s.reader.reads[4:]
 
 
@@ -148,6 +152,9 @@ def test_a_resumed_epoch_skips_its_trained_steps_without_reading_them(
         ends = np.cumsum([c for _, c in windows])
         unread = sum(len(w) for (w, _), end in zip(windows, ends, strict=True) if end <= start * 64)
         assert len(s.reader.reads) - read == 4 - unread
+    read = len(s.reader.reads)  # a step on a window's end: that window is not read either
+    assert sum(1 for _ in s.epoch(3, 1).batches(windows[0][1])) == s.common - windows[0][1]
+    assert len(s.reader.reads) - read == 4 - len(windows[0][0])
 
 
 def test_the_resident_view_holds_held_out_sets_and_the_latest_rows(data_dir: Path) -> None:
