@@ -31,7 +31,7 @@ from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import size_defaults
-from ncfcli.training.stream import open_shard, rank_rows
+from ncfcli.training.stream import open_shard, rank_rows, window_buckets
 from ncfcli.ui import memory_size
 
 SHARE = 0.5  # of the free memory a rank may plan to fill with the data and its epochs
@@ -150,7 +150,7 @@ def load(
 
 def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dict[str, Any]:
     """The layout as config.json and `ncf train --json` show it: the mode, why, and per rank its
-    training rows and users held (and its buckets in users mode)."""
+    training rows and users (and in users mode its buckets and the buckets a window reads)."""
     users = int(data.test_users.shape[0]) if data.test_users is not None else data.n_users
     held = rank_rows(data) if data.latest_only else int(data.train_users.shape[0])
     rows = dist_env.gather_ints([held, users], env, device)
@@ -162,4 +162,5 @@ def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dic
     }
     if layout.sharded:
         out["rank_buckets"] = [list(bs) for bs in layout.buckets]
+        out["stream_buckets"] = window_buckets()  # a window's buckets (stream.py)
     return out
