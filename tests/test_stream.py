@@ -125,6 +125,16 @@ def test_an_epoch_trains_every_row_of_its_buckets_a_window_at_a_time(
         assert s.reader.reads[:4] != s.reader.reads[4:]
 
 
+def test_a_refit_streams_its_validation_rows_as_training_rows(data_dir: Path) -> None:
+    view = stream.open_shard(data_dir, CPU, mine(data_dir)).merge_validation(np)
+    s = stream.StreamSampler(view, CPU, 4, common=stream.rank_rows(view) * 5, env=RANK, k=1)
+    users, items, labels = columns(list(s.epoch(1, 64)))
+    resident = load_prepared(data_dir, CPU, buckets=mine(data_dir)).merge_validation(np)
+    want = np.sort(resident.train_users.astype(np.int64) * N_ITEMS + resident.train_items)
+    got = np.sort(users[labels == 1].astype(np.int64) * N_ITEMS + items[labels == 1])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_the_reader_counts_what_is_still_alive(data_dir: Path) -> None:
     """The bound's own check: a window kept beyond its turn counts until it is let go."""
     s = streamed(data_dir, k=1)

@@ -161,7 +161,8 @@ class StreamSampler:
     buckets: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.reader = BucketReader(self.data.path, self.data.meta)
+        # The files' own meta: a --refit view's says it has no validation split to read.
+        self.reader = BucketReader(self.data.path, read_meta(self.data.path))
         self.buckets = list(self.data.shard or ())
 
     def samples_per_epoch(self, batch_size: int) -> int:
@@ -230,7 +231,7 @@ class StreamSampler:
         empty = be.xp.zeros(0, dtype=be.xp.int32)
         view = PreparedData(
             path=self.data.path,
-            meta=self.data.meta,
+            meta=self.reader.meta,
             test_items=empty,
             test_negatives=empty,
             shard=tuple(buckets),
