@@ -127,10 +127,9 @@ def open_shard(path: str | os.PathLike, backend: Backend, buckets: list[int]) ->
         del bucket
     arrays: dict[str, Any] = {}
     for name, parts in pieces.items():
-        host = np.concatenate(parts)
-        arrays[name] = backend.asarray(host) if backend.is_cuda else host
+        arrays[name] = backend.asarray(np.concatenate(parts))
     users = np.concatenate([np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen])
-    arrays["test_users"] = backend.asarray(users) if backend.is_cuda else users
+    arrays["test_users"] = backend.asarray(users)
     return PreparedData(path=path, meta=meta, shard=tuple(chosen), latest_only=True, **arrays)
 
 
@@ -227,7 +226,7 @@ class StreamSampler:
         if not self.data.merged_validation:
             host = {n: a for n, a in host.items() if n not in MERGED}
         be = self.backend
-        arrays: dict[str, Any] = {n: be.asarray(a) if be.is_cuda else a for n, a in host.items()}
+        arrays: dict[str, Any] = {n: be.asarray(a) for n, a in host.items()}
         empty = be.xp.zeros(0, dtype=be.xp.int32)
         view = PreparedData(
             path=self.data.path,
