@@ -27,7 +27,9 @@ from ncfcli.data.layout import AGE_ARRAY, ARRAYS, VALID_ARRAYS
 from ncfcli.data.raw import RawInteractions
 from ncfcli.data.store import load_prepared, read_meta
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
+from ncfcli.launch.environment import DistEnv
 from ncfcli.serve.evaluation import EvalConfig, evaluate
+from ncfcli.training import stream
 from tests._runs import make_run
 from tests.strict_xp import StrictError, no_implicit_numpy, strict, strict_backend
 
@@ -278,6 +280,30 @@ def test_training_under_cupy_rules_gives_numpys_run(
         got = run(tmp_path / "strict")
     assert strict.reads > reads  # the strict arrays were used (the sampler's deliberate read)
     assert got == want
+
+
+def test_a_streamed_shard_under_cupy_rules_gives_numpys_epoch(prepared: dict[str, Path]) -> None:
+    """`ncf train --shard users`'s windows (training/stream.py: read, the previous
+    items, samples, a batch across two windows) with the strict module: NumPy's batches."""
+    path = prepared["numpy"]
+    buckets = list(range(len(read_meta(path)["buckets"])))[:3]
+    env = DistEnv(rank=0, world_size=2)
+
+    def epoch(backend: Backend) -> list[np.ndarray]:
+        view = stream.open_shard(path, backend, buckets)
+        common = stream.rank_rows(view) * 4 + 11
+        s = stream.StreamSampler(view, backend, 3, common=common, seed=1, env=env,
+                                 order=True, k=1)  # fmt: skip
+        got = list(s.epoch(2, 100))
+        return [torch.cat([b[i] for b in got]).numpy() for i in range(5) if got[0][i] is not None]
+
+    want = epoch(CPU)
+    reads = strict.reads
+    with no_implicit_numpy():
+        got = epoch(strict_backend())
+    assert strict.reads > reads
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_merging_validation_under_cupy_rules_gives_numpys_arrays(

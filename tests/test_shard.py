@@ -203,10 +203,12 @@ def history(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def auto_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
     """2 epochs on 2 gloo workers, `--shard auto` told the whole set does not fit (parameters
-    checked equal across ranks after every step: the ranks take the same steps)."""
+    checked equal across ranks after every step: the ranks take the same steps), each rank
+    streaming its 4 buckets 2 at a time."""
     run = tmp_path_factory.mktemp("runs") / "auto"
     res = ncf("train", str(data_dir), "--out", str(run), "--epochs", "2", *TINY, "--nproc", "2",
-              "--json", NCF_FREE_MEMORY="1", NCF_CHECK_SYNC="1")  # fmt: skip
+              "--json", NCF_FREE_MEMORY="1", NCF_CHECK_SYNC="1",
+              NCF_STREAM_BUCKETS="2")  # fmt: skip
     assert res.returncode == 0, res.stderr
     return run, json.loads(res.stdout), res.stderr
 
@@ -217,8 +219,10 @@ def test_each_rank_holds_its_buckets_about_half(auto_run: tuple, data_dir: Path)
     meta = read_meta(data_dir)
     got = printed["shard"]
     assert got["mode"] == "users" and got["why"].startswith("auto: the whole training set needs")
-    assert "shard: users, each rank loads only its buckets (auto:" in " ".join(stderr.split())
+    shown = " ".join(stderr.split())
+    assert "shard: users, each rank streams only its buckets, 2 at a time (auto:" in shown
     assert json.loads((run / "config.json").read_text())["shard"] == got
+    assert got["stream_buckets"] == 2
     buckets = got["rank_buckets"]
     assert sorted(buckets[0] + buckets[1]) == list(range(8))  # disjoint, and all of them
     entries = meta["buckets"]
@@ -233,13 +237,13 @@ def test_each_rank_holds_its_buckets_about_half(auto_run: tuple, data_dir: Path)
 def test_shard_metrics_equal_one_process_eval(auto_run: tuple, data_dir: Path) -> None:
     """Each rank scores its own users; the integer sums reduced over the ranks, then divided,
     are exactly a one-process `ncf eval` of the same weights (the run dir is the usual one)."""
-    run, _, _ = auto_run
-    last = history(run)[-1]
+    run, printed, _ = auto_run
+    best = history(run)[printed["best_epoch"] - 1]  # what `ncf eval` reads: best.pt
     for split in ("test", "validation"):
         res = ncf("eval", str(run), "--split", split, "--json", "--device", "cpu", "--k", "10")
         assert res.returncode == 0, res.stderr
         single = json.loads(res.stdout)
-        assert single["metrics"] == last[split] and single["users"] > 0
+        assert single["metrics"] == best[split] and single["users"] > 0
 
 
 @pytest.mark.slow

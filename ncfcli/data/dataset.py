@@ -33,6 +33,9 @@ class PreparedData:
     train_age: Any = None  # None without a time order (--split random, or an older dataset)
     test_users: Any = None  # a shard's users (test_items[r] is test_users[r]'s); None: all, row u
     shard: tuple[int, ...] | None = None  # the buckets of a shard view (load_prepared(buckets=))
+    # A streamed shard (ncfcli/training/stream.py): the training arrays hold each user's latest
+    # positive only (the order term's context); the rest is read bucket by bucket each epoch.
+    latest_only: bool = False
     n_users: int = field(init=False)
     n_items: int = field(init=False)
 
@@ -127,6 +130,8 @@ class PreparedData:
         right-aligned and padded with n_items (the sequence term's training sequences and its
         validation window, ncfcli/model/sequence.py); needs train_age."""
         age = self._time_order()
+        if self.latest_only and length > 1:
+            raise NcfError(f"a history of {length} items needs every training row of a shard")
         out = xp.full(self.n_users * length, self.n_items, dtype=xp.int32)
         recent = xp.nonzero(age < length)[0]  # age 0 is the latest: the last column
         cell = self.train_users[recent].astype(xp.int64) * length + (length - 1 - age[recent])
@@ -205,6 +210,7 @@ class PreparedData:
             train_age=age,
             test_users=self.test_users,
             shard=self.shard,
+            latest_only=self.latest_only,
         )
 
     def as_trained(self, info: dict[str, Any], xp: Any) -> PreparedData:

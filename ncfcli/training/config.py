@@ -370,7 +370,7 @@ class TrainConfig:
     # records the mode it used (config.json's "shard")
     shard: str = opt(
         "auto",
-        "users: each rank loads only its buckets of users (about 1/N of the data); none: "
+        "users: each rank streams only its buckets of users, a few at a time; none: "
         "every rank loads all of it; auto: users when all of it would not fit.",
         DEVICES,
         check=one_of(SHARDS),

@@ -60,6 +60,7 @@ from ncfcli.training.run import (
 from ncfcli.training.session import Session
 from ncfcli.training.shard import load as load_shard
 from ncfcli.training.start import start
+from ncfcli.training.stream import StreamSampler
 
 LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
 
@@ -213,7 +214,7 @@ class _Epoch:
     seconds: float = 0.0  # building its samples and its steps
 
 
-def build_epoch(sampler: NegativeSampler, epoch: int, batch_size: int) -> Any:
+def build_epoch(sampler: NegativeSampler | StreamSampler, epoch: int, batch_size: int) -> Any:
     with sampler.backend.build_stream():
         return sampler.epoch(epoch, batch_size)
 

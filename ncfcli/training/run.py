@@ -158,7 +158,8 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
     if s.layout.sharded and env.is_main and progress is not None and not progress.disable:
         rows = ", ".join(f"{n:,}" for n in s.shard["rank_rows"])
         progress.console.print(
-            f"shard: users, each rank loads only its buckets ({s.layout.why}); "
+            f"shard: users, each rank streams only its buckets, "
+            f"{s.shard['stream_buckets']} at a time ({s.layout.why}); "
             f"training rows per rank {rows}",
             highlight=False,
         )

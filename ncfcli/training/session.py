@@ -18,6 +18,7 @@ from ncfcli.model.config import ModelConfig
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.shard import Layout
+from ncfcli.training.stream import StreamSampler
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Session:
     optimizer: Any
     scaler: torch.amp.GradScaler
     n_params: int
-    sampler: NegativeSampler
+    sampler: NegativeSampler | StreamSampler
     local_batch: int  # this rank's samples per step
     eval_sets: dict[str, tuple[Any, ...]]
     full_sets: dict[str, Any]  # the choosing split's full-ranking inputs (evaluation.full_sets)

@@ -2,8 +2,9 @@
 
     none    every rank loads the whole dataset and takes its share of each epoch's global
             permutation (ncfcli/data/batches.py): a run equal to one process, up to float sums.
-    users   each rank loads only whole buckets of users (ncfcli/data/dataset.py, `ncf prepare
-            --buckets`), so it holds about 1/W of the training rows and held-out items. Its
+    users   each rank takes only whole buckets of users (ncfcli/data/dataset.py, `ncf prepare
+            --buckets`) and streams their training rows a few buckets at a time each epoch
+            (stream.py), holding its users' held-out items and the model. Its
             samples come from its own rows, its negatives are verified against its own users'
             positives (complete: a bucket holds all of its users' rows), and it scores its own
             users at evaluation (the sums are reduced, then divided: evaluation.py).
@@ -30,6 +31,7 @@ from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import size_defaults
+from ncfcli.training.stream import open_shard, rank_rows, window_buckets
 from ncfcli.ui import memory_size
 
 SHARE = 0.5  # of the free memory a rank may plan to fill with the data and its epochs
@@ -143,14 +145,15 @@ def load(
     layout = choose(cfg, read_meta(cfg.data_dir), env, backend)
     if not layout.sharded:
         return load_prepared(cfg.data_dir, backend), layout
-    return load_prepared(cfg.data_dir, backend, buckets=list(layout.buckets[env.rank])), layout
+    return open_shard(cfg.data_dir, backend, list(layout.buckets[env.rank])), layout
 
 
 def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dict[str, Any]:
     """The layout as config.json and `ncf train --json` show it: the mode, why, and per rank its
-    training rows and users held (and its buckets in users mode)."""
+    training rows and users (and in users mode its buckets and the buckets a window reads)."""
     users = int(data.test_users.shape[0]) if data.test_users is not None else data.n_users
-    rows = dist_env.gather_ints([int(data.train_users.shape[0]), users], env, device)
+    held = rank_rows(data) if data.latest_only else int(data.train_users.shape[0])
+    rows = dist_env.gather_ints([held, users], env, device)
     out: dict[str, Any] = {
         "mode": layout.mode,
         "why": layout.why,
@@ -159,4 +162,5 @@ def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dic
     }
     if layout.sharded:
         out["rank_buckets"] = [list(bs) for bs in layout.buckets]
+        out["stream_buckets"] = window_buckets()  # a window's buckets (stream.py)
     return out

@@ -15,7 +15,7 @@ Scaling across ranks (`--scaling`):
 With `--shard users` (shard.py) a rank holds only its buckets: the options are resolved from
 the whole dataset's size (the ranks' rows summed), the recency probe runs on rank 0's shard and
 its verdict is every rank's, and each rank's sampler draws from its own rows for the same
-number of steps (data/batches.py).
+number of steps, streaming its buckets a window at a time (stream.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.sequences import SequenceBatches
+from ncfcli.data.store import load_prepared
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
@@ -54,6 +55,7 @@ from ncfcli.training.refit import load_pretrained
 from ncfcli.training.run import describe_dataset, option_changes
 from ncfcli.training.session import Session
 from ncfcli.training.shard import Layout, record
+from ncfcli.training.stream import StreamSampler, window_buckets
 from ncfcli.training.validation import eval_sets, full_sets, selecting_split
 
 
@@ -298,10 +300,17 @@ def as_capped(asked: int, saved: dict[str, Any], data: PreparedData, backend: Ba
 
 
 def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency.Probe | None:
-    """The validation probe on rank 0's shard, its verdict sent to every rank: the probe reads
-    co-occurrence across users, which no shard holds whole, and the ranks must agree on the
-    options. Rank 0's users are a sample of about 1/W of them, as the probe samples anyway."""
-    mine = recency.probe(data, backend.xp, seed=0) if env.is_main else None
+    """The validation probe on rank 0's shard (its first window of buckets), its verdict sent
+    to every rank: the probe reads co-occurrence across users, which no shard holds whole, and
+    the ranks must agree on the options. Rank 0's users are a sample of them, as the probe
+    samples anyway."""
+    mine = None
+    # A merged (--refit) view has no validation to probe: None, as without a shard.
+    if env.is_main and not data.merged_validation:
+        if data.latest_only:  # a streamed shard: its first window's users, read for this
+            first = list(data.shard or ())[: window_buckets()]
+            data = load_prepared(data.path, backend, buckets=first)
+        mine = recency.probe(data, backend.xp, seed=0)
     row = torch.zeros(6, dtype=torch.float64, device=backend.torch_device)
     if mine is not None:
         found = [1.0, mine.z, mine.mean_difference, mine.users, mine.threshold, float(mine.on)]
@@ -395,11 +404,31 @@ def _sampler(
     backend: Backend,
     rank_rows: list[int],
     layout: Layout,
-) -> tuple[NegativeSampler, int]:
+) -> tuple[NegativeSampler | StreamSampler, int]:
     """The epochs' sampler (recency weights and the order term's previous items on the device)
-    and this rank's batch; sets the CPU's threads for that batch. A shard's sampler draws from
-    its own rows, as many samples as the largest shard has (data/batches.py)."""
+    and this rank's batch; sets the CPU's threads for that batch. A shard streams its buckets,
+    as many samples as the largest shard has (stream.py)."""
     assert cfg.batch_size is not None
+    neg = cfg.neg_per_pos or 4
+    local_batch = (
+        cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
+    )
+    set_threads(backend, local_batch)
+    if layout.sharded:
+        streamed = StreamSampler(
+            data,
+            backend,
+            neg,
+            common=max(rank_rows) * (1 + neg),
+            approx=bool(cfg.approx_negatives),
+            seed=cfg.seed or 0,
+            env=env,
+            recency_weight=float(cfg.recency_weight or 0.0),
+            recency_span=float(cfg.recency_span or 1.0),
+            order=bool(cfg.order_factors),
+            k=window_buckets(),
+        )
+        return streamed, local_batch
     pos_weight = None
     if cfg.recency_weight:
         pos_weight = recency.recency_weights(
@@ -411,11 +440,6 @@ def _sampler(
             data.n_users,
         )
     pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
-    neg = cfg.neg_per_pos or 4
-    common, stream = None, 0
-    if layout.sharded:
-        common = max(rank_rows) * (1 + neg)
-        stream = 1 + min(layout.buckets[env.rank])  # its own draws: a function of its buckets
     sampler = NegativeSampler(
         data,
         backend,
@@ -425,13 +449,7 @@ def _sampler(
         env=env,
         pos_weight=pos_weight,
         pos_prev=pos_prev,
-        common=common,
-        stream=stream,
     )
-    local_batch = (
-        cfg.batch_size if cfg.scaling == "weak" else max(1, cfg.batch_size // env.world_size)
-    )
-    set_threads(backend, local_batch)
     return sampler, local_batch
 
 
