@@ -20,11 +20,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from ncfcli.backend import get_backend
 from ncfcli.cli import app
+from ncfcli.data.config import PrepareConfig
+from ncfcli.data.engines.choose import choose_engine
 from ncfcli.data.store import load_id_maps, read_arrays, read_meta
 from tests.test_holdout import read_items
 
 pytest.importorskip("distributed")
+CPU = get_backend("cpu")
 
 
 def ncf(*args: object) -> object:
@@ -70,6 +74,18 @@ def test_synthetic_equals_memory_engine(tmp_path: Path, workers: int, buckets: i
                 "--min-interactions", 9, "--eval-negatives", 20, workers=workers,
                 buckets=buckets)  # fmt: skip
     assert meta["dropped_users"] > 0
+
+
+def test_mlperfs_shape_is_a_preset_and_both_engines_agree_on_it(tmp_path: Path) -> None:
+    """`--preset ml-20mx16x32` is MLPerf's NCF data (2,197,225 users x 855,776 items, 1.22B
+    rows); here with fewer users and rows, as a smoke run of its 855,776-item catalogue."""
+    meta = both(tmp_path, "synthetic", "--preset", "ml-20mx16x32", "--users", 2000,
+                "--rows", 20000, "--eval-negatives", 20, workers=2)  # fmt: skip
+    assert meta["source"]["shape"] == {"users": 2000, "items": 855_776, "interactions": 20000}
+    assert meta["source"]["name"] == "synthetic-ml-20mx16x32"
+    # At its full size, --engine auto sends it to Dask (1.22B rows are no machine's memory).
+    engine, why = choose_engine(PrepareConfig(source="synthetic", preset="ml-20mx16x32"), CPU)
+    assert engine == "dask", why
 
 
 def _events(path: Path) -> Path:

@@ -89,7 +89,10 @@ class PrepareConfig:
         flags=("--interactions", "--rows"),
     )
     preset: str | None = opt(
-        None, "synthetic: ml-100k, ml-1m or ml-20m shape.", DATA, shown="ml-100k"
+        None,
+        "synthetic: ml-100k, ml-1m, ml-20m or MLPerf's ml-20mx16x32 shape.",
+        DATA,
+        shown="ml-100k",
     )
     cache_dir: str | None = opt(
         None,

@@ -42,6 +42,9 @@ PRESETS: dict[str, SyntheticShape] = {
     "ml-100k": SyntheticShape(943, 1682, 100_000),
     "ml-1m": SyntheticShape(6040, 3706, 1_000_209),
     "ml-20m": SyntheticShape(138_493, 26_744, 20_000_263),
+    # MLPerf's NCF data (ml-20m expanded 16x in users, 32x in items): its training rows; run it
+    # with --engine dask (docs/scale.md).
+    "ml-20mx16x32": SyntheticShape(2_197_225, 855_776, 1_223_962_043),
 }
 DEFAULT_PRESET = "ml-100k"
 
