@@ -39,3 +39,20 @@ def test_auto_compares_with_host_memory_where_parsing_is_on_the_host(
         assert engine == "dask" and "RAM free" in why, why
     synthetic = PrepareConfig(source="synthetic", interactions=20_000_000)
     assert choose_engine(synthetic, _Backend(gpu_free=80 << 30))[0] == "dask"  # made by NumPy
+
+
+def test_a_forced_memory_engine_refuses_generated_rows_past_the_free_ram(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MLPerf's preset (1.22B rows, ~114 GiB at the engine's peak per row) with --engine memory
+    is one line naming both sizes, before a row is generated; a size that fits goes on."""
+    from ncfcli.errors import NcfError
+
+    monkeypatch.setattr("ncfcli.data.engines.choose.host_available_bytes", lambda: 20 << 30)
+    with pytest.raises(NcfError, match=r"1,223,962,043 generated rows need ~.*20\.0 GiB") as e:
+        choose_engine(
+            PrepareConfig(source="synthetic", preset="ml-20mx16x32", engine="memory"), None
+        )
+    assert "--engine dask" in str(e.value) and "\n" not in str(e.value)
+    small = PrepareConfig(source="synthetic", preset="ml-1m", engine="memory")
+    assert choose_engine(small, None) == ("memory", "--engine memory")

@@ -88,9 +88,24 @@ def estimate_bytes(rows: int) -> int:
     return rows * BYTES_PER_ROW
 
 
+def check_generated_fits(config: PrepareConfig) -> None:
+    """--engine memory on generated rows whose estimated peak is over all the free RAM: one
+    line, not a process the OS kills later (the preset ml-20mx16x32 is 1.22B rows). The
+    synthetic estimate counts the rows exactly; a file's is a guess, so a file is let through."""
+    rows = estimate_rows(config)
+    need, free = estimate_bytes(rows), host_available_bytes()
+    if free is not None and need > free:
+        raise NcfError(
+            f"--engine memory: {rows:,} generated rows need ~{memory_size(need)}, more than the "
+            f"{memory_size(free)} of RAM free; use --engine dask (or auto)"
+        )
+
+
 def choose_engine(config: PrepareConfig, backend: Any) -> tuple[str, str]:
     """(engine, why): --engine as given, or auto's pick by the estimated peak and free memory."""
     if config.engine != "auto":
+        if config.engine == "memory" and config.source == SYNTHETIC:
+            check_generated_fits(config)
         return config.engine, f"--engine {config.engine}"
     if config.scheduler is not None:
         return "dask", "--scheduler names a Dask cluster"
