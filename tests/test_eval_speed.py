@@ -167,15 +167,7 @@ def test_chunks_follow_the_memory_budget(monkeypatch: pytest.MonkeyPatch) -> Non
     catalogue."""
     model = ncf_model("neumf", (16, 8, 4), 0)
     offsets, items, test = csr(1)
-    calls: list[tuple[int, int]] = []
-    inner = model.score_all
-
-    def counted(users: torch.Tensor, *args: Any, **kw: Any) -> torch.Tensor:
-        out = inner(users, *args, **kw)
-        calls.append(tuple(out.shape))
-        return out
-
-    model.score_all = counted  # type: ignore[method-assign]
+    calls = counting(model)
     assert pair_bytes(model, "cpu") == metrics.SCORE_PAIR_BYTES  # activations tiled on a CPU
     budget = 5 * N_ITEMS * metrics.SCORE_PAIR_BYTES + 7  # 5 users' rows
     rows = budget_rows(model, "cpu", budget)

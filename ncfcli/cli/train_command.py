@@ -19,6 +19,7 @@ from ncfcli.launch.environment import LaunchFlags, env_from_environ
 from ncfcli.model import kinds
 from ncfcli.model.config import describe_terms
 from ncfcli.options import DEVICES, aliases, build, with_options
+from ncfcli.rundir.files import CONFIG
 from ncfcli.rundir.logs import check_tensorboard
 from ncfcli.training.config import AMP_DTYPES, LR_DECAYS, SCALINGS, TrainConfig, check_launch
 from ncfcli.training.defaults import table_text
@@ -141,11 +142,11 @@ def _runs_dataset(out: Path | None, resume: bool) -> Path:
             "(only --resume --out RUN_DIR may leave it out)",
             2,
         )
-    config = out / "config.json"
+    config = out / CONFIG
     try:
         return Path(json.loads(config.read_text())["dataset"]["path"])
     except FileNotFoundError:
-        raise NcfError(f"--out {out} holds no run to resume (no config.json)", 2) from None
+        raise NcfError(f"--out {out} holds no run to resume (no {CONFIG})", 2) from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise NcfError(f"{config} does not name the run's dataset ({e}); give DATA_DIR") from None
 

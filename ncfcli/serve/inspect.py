@@ -15,6 +15,7 @@ from ncfcli.data.layout import HELDOUT_DIR, TRAIN_DIR, part_name
 from ncfcli.data.sources import RUNS_DIR, cache_dir
 from ncfcli.data.store import check_dataset, read_meta
 from ncfcli.errors import NcfError
+from ncfcli.rundir.files import CONFIG, EVAL_JSON, METRICS_JSONL
 from ncfcli.scoring.selection import PARTNER, selection_key
 from ncfcli.ui import summary_table
 
@@ -123,7 +124,7 @@ def dataset_report(folder: Path) -> dict[str, Any]:
 
 
 def _history(folder: Path) -> list[dict[str, Any]]:
-    f = folder / "metrics.jsonl"
+    f = folder / METRICS_JSONL
     if not f.is_file():
         return []
     rows = []
@@ -143,7 +144,7 @@ def _chosen(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_report(folder: Path) -> dict[str, Any]:
-    config = _read_json(folder / "config.json")
+    config = _read_json(folder / CONFIG)
     history = _history(folder)
     # As train/evaluation.py picks: validation by the run's --select-metric (test without a
     # validation split); the first epoch wins a tie. A --refit run's model is its last epoch
@@ -157,8 +158,8 @@ def run_report(folder: Path) -> dict[str, Any]:
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
     # "ndcg", ...}]}, one row per (split, protocol, k, dataset).
     evals: list[dict[str, Any]] = []
-    if (folder / "eval.json").is_file():
-        evals = list(_read_json(folder / "eval.json").get("results") or [])
+    if (folder / EVAL_JSON).is_file():
+        evals = list(_read_json(folder / EVAL_JSON).get("results") or [])
     dataset = config.get("dataset", {})
     return {
         "kind": RUN,
@@ -196,7 +197,7 @@ def inspect_path(arg: str | Path) -> dict[str, Any]:
             return tune_report(c)
         if (c / "meta.json").is_file():
             return dataset_report(c)
-        if (c / "config.json").is_file():
+        if (c / CONFIG).is_file():
             return run_report(c)
     if p.is_dir():
         raise NcfError(f"{p} is neither a prepared dataset (meta.json) nor a run (config.json)")

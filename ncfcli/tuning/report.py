@@ -23,6 +23,7 @@ from typing import Any
 
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_path, atomic_write_text, read_json_record, record_written
+from ncfcli.rundir.files import CONFIG
 from ncfcli.scoring.selection import SELECT_METRICS
 from ncfcli.serve.config import EvalConfig
 from ncfcli.serve.evaluation import run_eval
@@ -124,7 +125,7 @@ def finish(study: Any, tune_dir: Path, cfg_json: dict[str, Any], device: str) ->
 def _choose(best: Any, tune_dir: Path, device: str) -> dict[str, Any]:
     """Copy the trial's run to TUNE_DIR/best and read its test set, once per protocol."""
     src = Path(best.user_attrs["run_dir"])
-    if not (src / "config.json").is_file():
+    if not (src / CONFIG).is_file():
         raise NcfError(f"the chosen trial's run {src} is missing: run the tune again")
     dest = tune_dir / BEST
     tmp = tune_dir / f".{BEST}.tmp-{os.getpid()}"  # another process may be choosing too
@@ -159,7 +160,7 @@ def _prune_dirs(tune_dir: Path, chosen: dict[str, Any] | None, ended: set[int]) 
         return
     for number in ended - {chosen["number"]}:
         d = tune_dir / TRIALS_DIR / f"{number:05d}"
-        if (d / "config.json").is_file():
+        if (d / CONFIG).is_file():
             shutil.rmtree(d, ignore_errors=True)
 
 
