@@ -183,3 +183,20 @@ def test_f3_the_gpu_target_is_judged_on_the_warm_run_of_prepares_clock() -> None
     assert not ok and "MISSED" in line
     assert "python -m ncfcli" not in bench._CHILD  # `ncf prepare --json`'s seconds is the command
     assert "meta[k] for k in keys" in bench._CHILD and '"seconds"' in bench._CHILD
+
+
+def test_the_mlperf_benchmark_runs_small(tmp_path: Path) -> None:
+    """benchmarks/bench_mlperf.py at a smoke size: MLPerf's items, 2,000 users, 40k rows on
+    two workers, its digest check, and MLPerf's --test protocol on both engines."""
+    pytest.importorskip("distributed")
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_mlperf.py"), "--rows", "40000",
+         "--users", "2000", "--test-check", "20000", "--work-dir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "target --test on Dask equals the memory engine: met" in out
+    assert re.search(r"prepare, 40,000 rows on 2 workers: [\d.]+ s .* GB at the peak", out)
+    assert "ncf inspect (digest check): passed" in out
+    assert not any((tmp_path / "work").iterdir())  # every dataset it wrote is gone

@@ -168,7 +168,7 @@ def test_a_gpu_workers_task_does_not_load_torch(tmp_path: Path,
     for it) in every worker, whose memory limit is small; the task needs CuPy alone."""
     import ncfcli.backend as backend_module
     from ncfcli.data.buckets import SplitRules
-    from ncfcli.data.engines.dask import split_write
+    from ncfcli.data.engines.dask_tasks import split_write
 
     used: list[int] = []
     cupy = types.SimpleNamespace(

@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.config import PrepareConfig
+from ncfcli.data.engines import dask as dask_engine
 from ncfcli.data.engines.choose import choose_engine
 from ncfcli.data.store import load_id_maps, read_arrays, read_meta
 from tests.test_holdout import read_items
@@ -64,16 +65,41 @@ def both(tmp_path: Path, src: object, *args: object, workers: int, buckets: int 
     return same_dataset(mem, dk)
 
 
-@pytest.mark.parametrize(("workers", "buckets"), [(1, 3), (2, None), (3, 7)])
+def read_twice(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Make the Dask engine read its blocks twice (as it does where they would not fit beside
+    the shuffle) instead of keeping them; returns the list of each read pass's choice."""
+    passes: list[bool] = []
+    real = dask_engine.read_pass
+
+    def spy(client: object, blocks: list, spec: object, reread: bool, pure: bool) -> object:
+        passes.append(reread)
+        return real(client, blocks, spec, reread, pure)
+
+    monkeypatch.setattr(dask_engine, "KEEP_BLOCKS_SHARE", 0.0)
+    monkeypatch.setattr(dask_engine, "read_pass", spy)
+    return passes
+
+
+@pytest.mark.parametrize(("workers", "buckets", "mode"),
+                         [(1, 3, "keep"), (2, None, "reread"), (3, 7, "grouped")])  # fmt: skip
 def test_synthetic_equals_memory_engine(tmp_path: Path, workers: int, buckets: int | None,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    # Two synthetic partitions of users (PART_ROWS patched small), so the dask engine reads
-    # more than one block; --min-interactions 9 drops users, and the items only they had.
-    monkeypatch.setattr("ncfcli.data.synthetic.PART_ROWS", 1500)
+                                        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # Synthetic partitions of users (PART_ROWS patched small), so the dask engine reads more
+    # than one block; --min-interactions 9 drops users, and the items only they had. With
+    # "reread" the blocks are read again at the cut, not kept; "grouped": each cut task takes
+    # two blocks (as where blocks x buckets would be too many pieces). The same dataset.
+    monkeypatch.setattr("ncfcli.data.synthetic.PART_ROWS", 700)
+    reread = mode == "reread"
+    passes = read_twice(monkeypatch) if reread else []
+    if mode == "grouped":
+        monkeypatch.setattr(dask_engine, "MAX_PIECES", 1)
+        monkeypatch.setattr(dask_engine, "MAX_CUT_GROUP", 2)
+        assert dask_engine.cut_group(5, 7) == 2
     meta = both(tmp_path, "synthetic", "--users", 300, "--items", 120, "--rows", 3000,
                 "--min-interactions", 9, "--eval-negatives", 20, workers=workers,
                 buckets=buckets)  # fmt: skip
     assert meta["dropped_users"] > 0
+    assert passes == ([True] if reread else [])
 
 
 def test_mlperfs_shape_is_a_preset_and_both_engines_agree_on_it(tmp_path: Path) -> None:
@@ -117,7 +143,11 @@ def test_hand_made_csv_equals_memory_engine(tmp_path: Path, workers: int, args: 
                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "60")  # about 4 lines a block: many blocks
     src = _events(tmp_path / "events.csv")
+    # Text ids and times with fractions make the blocks disagree, so they are read a second
+    # time as the whole column reads: with 2 workers, both passes also read them twice.
+    passes = read_twice(monkeypatch) if workers == 2 else []
     meta = both(tmp_path, src, "--eval-negatives", 3, *args, workers=workers)
+    assert passes == ([True, True] if workers == 2 else [])
     assert meta["dropped_users"] >= 1 and meta["n_duplicates"] >= 1
     users, _ = load_id_maps(tmp_path / f"dask{workers}")
     assert users.tolist()[:2] == ["12", "42"]  # text ids, as the whole column reads
@@ -329,3 +359,40 @@ def _alive_in_group(pgid: int, named: str = "") -> list[str]:
         if int(fields[2]) == pgid and fields[0] != "Z" and named in command:
             found.append(stat.parent.name)
     return found
+
+
+@pytest.mark.parametrize("ids", [
+    [], [5], [3, 3, 3], [9, 2, 7, 2, 9, 100], [-4, 10, -4, 0],  # dense: the table of values seen
+    [0, 1 << 40, 17, 1 << 40], [-(1 << 62), 1 << 62, 5],        # sparse: a sort
+    list(np.random.default_rng(0).integers(-50, 3000, 1000)),
+])  # fmt: skip
+def test_distinct_ints_is_np_unique(ids: list[int]) -> None:
+    """A block's distinct ids, by a table of values seen where they are dense: np.unique's."""
+    from ncfcli.data.blocks import distinct_ints
+
+    x = np.asarray(ids, dtype=np.int64)
+    got = distinct_ints(x)
+    assert got.dtype == np.int64 and got.tolist() == np.unique(x).tolist()
+
+
+def test_each_worker_makes_the_shared_synthetic_world_once_read_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition's generator reads the world and cover rows every partition shares, made
+    once per process; read-only, so no partition changes what the next one reads."""
+    from ncfcli.data import synthetic
+
+    monkeypatch.setattr(synthetic, "PART_ROWS", 2000)
+    shape = synthetic.SyntheticShape(users=400, items=90, interactions=5000)
+    bounds = synthetic.partition_bounds(shape)
+    assert len(bounds) == 4
+    first = synthetic.generate_partition(shape, 3, 2, True, bounds)
+    world, cover = synthetic._shared(shape, 3)
+    assert synthetic._shared(shape, 3)[0] is world
+    with pytest.raises(ValueError, match="read-only"):
+        cover[0][0] = 1
+    again = synthetic.generate_partition(shape, 3, 2, True, bounds)
+    whole = synthetic.generate(shape, 3)
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+        np.testing.assert_array_equal(first[k], whole[k][-len(first[k]) :])

@@ -121,3 +121,25 @@ def test_the_targets_logit_and_the_negatives_share_one_precision() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = seq.loss(torch.tensor([[N_ITEMS, 2, 4, 6, 8, 9, 3]]), negatives)
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
+
+
+def test_the_terms_dropout_keeps_1_minus_p_scaled_and_is_seeded() -> None:
+    """MaskDropout (the sequence term's dropout): each value kept with probability 1 - p and
+    scaled by 1 / (1 - p), the same gradient mask, the same draws after the same seed, and the
+    identity in eval mode."""
+    from ncfcli.model.layers import MaskDropout
+
+    drop = MaskDropout(0.3)
+    x = torch.ones(400, 250, requires_grad=True)
+    torch.manual_seed(5)
+    y = drop(x)
+    kept = y != 0
+    assert abs(float(kept.float().mean()) - 0.7) < 0.01
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.7))
+    y.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, y.detach())
+    torch.manual_seed(5)
+    assert torch.equal(drop(x), y)
+    drop.eval()
+    assert drop(x) is x
+    assert torch.equal(MaskDropout(1.0).train()(x), torch.zeros_like(x))

@@ -131,7 +131,7 @@ class PrepareConfig:
         None,
         "dask: memory of each local worker (4GiB, 500MB); it spills to disk beyond.",
         DEVICES,
-        shown="RAM / workers",
+        shown="a third of the RAM / workers",
     )
     scheduler: str | None = opt(
         None,

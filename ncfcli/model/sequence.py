@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ncfcli.model.layers import dot_items
+from ncfcli.model.layers import MaskDropout, dot_items, rows
 
 
 class Block(nn.Module):
@@ -48,7 +48,7 @@ class Block(nn.Module):
         self.norm_ff = nn.LayerNorm(width)
         self.ff_in = nn.Linear(width, width)
         self.ff_out = nn.Linear(width, width)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = MaskDropout(dropout)
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
         """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d]."""
@@ -76,7 +76,7 @@ class Sequence(nn.Module):
         self.position = nn.Embedding(length, width)
         self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(blocks))
         self.norm = nn.LayerNorm(width)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = MaskDropout(dropout)
         nn.init.normal_(self.item.weight, 0.0, 0.02)
         nn.init.normal_(self.position.weight, 0.0, 0.02)
         with torch.no_grad():
@@ -90,10 +90,13 @@ class Sequence(nn.Module):
     def extra_repr(self) -> str:
         return f"E {list(self.item.weight.shape)}, positions {self.position.weight.shape[0]}"
 
-    def states(self, window: torch.Tensor) -> torch.Tensor:
-        """window [B, L] item ids (pad: n_items) -> states [B, L, width]."""
+    def states(self, window: torch.Tensor, embedded: torch.Tensor | None = None) -> torch.Tensor:
+        """window [B, L] item ids (pad: n_items) -> states [B, L, width]; `embedded`: E's rows
+        for the window, gathered beforehand (`loss` gathers all its rows at once)."""
         window = window.long()
-        h = self.item(window) * math.sqrt(self.item.embedding_dim) + self.position.weight
+        if embedded is None:
+            embedded = self.item(window)
+        h = embedded * math.sqrt(self.item.embedding_dim) + self.position.weight
         h = self.dropout(h) * (window != self.pad).unsqueeze(-1).to(h.dtype)
         for block in self.blocks:
             h = block(h, self.blocked)
@@ -122,18 +125,24 @@ class Sequence(nn.Module):
         return out + self.scale * self.raw_scores(window, items)
 
     def logits(
-        self, states: torch.Tensor, targets: torch.Tensor, negatives: torch.Tensor
+        self,
+        states: torch.Tensor,
+        targets: torch.Tensor,
+        negatives: torch.Tensor,
+        rows_of: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """states [..., width], targets [...] and negatives [K] -> float32 [..., 1 + K]: each
         state's logit for its target, then for each negative (-inf where a negative is the
         target: it is left out of that softmax). All in float32, AMP or not: the target's
         logit and the negatives' are compared in one softmax, so they share one precision (a
-        half-precision matmul for the negatives would round them and not the target's)."""
+        half-precision matmul for the negatives would round them and not the target's).
+        `rows_of`: E's rows of the targets and of the negatives, gathered beforehand."""
         table = self.item.weight
+        target_rows, negative_rows = rows_of or (table[targets], table[negatives])
         with torch.autocast(states.device.type, enabled=False):
             h = states.float()
-            positive = (h * table[targets].float()).sum(dim=-1, keepdim=True)
-            negative = h @ table[negatives].float().t()
+            positive = (h * target_rows.float()).sum(dim=-1, keepdim=True)
+            negative = h @ negative_rows.float().t()
         negative = negative.masked_fill(negatives == targets.unsqueeze(-1), float("-inf"))
         return torch.cat([positive, negative], dim=-1)
 
@@ -150,9 +159,21 @@ class Sequence(nn.Module):
         indexing, whose output size the host would have to read back (a sync each step on a
         GPU). A rank with no user this step gets a zero loss that still reaches every
         parameter, as DDP expects."""
-        seqs = seqs.long()
+        seqs, negatives = seqs.long(), negatives.long()
         targets = seqs[:, 1:]
-        logits = self.logits(self.states(seqs[:, :-1]), targets, negatives.long())
+        b, n = seqs.shape[0], seqs.shape[1] - 1
+        # Every row of E the step reads in one gather, whose backward is one scatter into one
+        # table-sized gradient (three of them, zero-filled and added, were 12% of the step).
+        # The pad row's gradient is 0 either way: padded positions are masked out of the
+        # states and the loss.
+        ids = torch.cat([seqs[:, :-1].reshape(-1), targets.reshape(-1), negatives])
+        gathered = rows(self.item.weight, ids, self.training)
+        window_rows, target_rows, negative_rows = gathered.split([b * n, b * n, len(negatives)])
+        width = self.item.embedding_dim
+        states = self.states(seqs[:, :-1], window_rows.view(b, n, width))
+        logits = self.logits(
+            states, targets, negatives, (target_rows.view(b, n, width), negative_rows)
+        )
         real = targets != self.pad
         each = torch.where(real, -logits.log_softmax(dim=-1)[..., 0], 0.0)
         count = real.sum().clamp(min=1) if not total else total

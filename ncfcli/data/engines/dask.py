@@ -10,7 +10,9 @@ disk. Its steps, each a set of tasks on futures:
 
 1. read: blocks of the input (byte ranges of a text file cut on newlines, Parquet row groups, or
    synthetic partitions of users) parsed by the memory engine's own code (raw.read_csv_block,
-   values.py), --min-rating applied; each block reports its distinct raw ids. `--test FILE`
+   values.py), --min-rating applied; each block reports its distinct raw ids, merged on the
+   workers (dask_tasks.merge_distinct). Blocks too large to keep beside the shuffle
+   (KEEP_BLOCKS_SHARE of the workers' memory) are dropped and read again at the cut. `--test FILE`
    (holdout.py) is read on the client and joins as one more block, timed after the latest.
 2. index: the client merges the distinct ids into the sorted id dictionaries (small), so a dense
    id is the memory engine's; each block maps its ids and cuts its rows into buckets of dense
@@ -44,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ncfcli.backend import Backend, array_backend, get_backend
+from ncfcli.backend import Backend, get_backend
 from ncfcli.data import archive, raw, sources, synthetic, values
 from ncfcli.data.blocks import (
     Block,
@@ -61,11 +63,10 @@ from ncfcli.data.blocks import (
 from ncfcli.data.buckets import (
     SplitRules,
     TooFewCandidates,
-    bucket_of,
     default_buckets,
-    split_bucket,
 )
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
+from ncfcli.data.engines import dask_tasks as tasks
 from ncfcli.data.engines.choose import input_files
 from ncfcli.data.engines.cluster import (
     check_memory,
@@ -76,7 +77,6 @@ from ncfcli.data.engines.cluster import (
     worker_stats,
 )
 from ncfcli.data.holdout import after_latest, check_holdout, check_kinds, read_holdout
-from ncfcli.data.index import dedup_sorted
 from ncfcli.data.record import (
     Counts,
     check_out,
@@ -85,131 +85,10 @@ from ncfcli.data.record import (
     synthetic_source,
 )
 from ncfcli.data.sources import save_titles
-from ncfcli.data.store import finish_dataset, write_bucket
+from ncfcli.data.store import finish_dataset
 from ncfcli.data.synthetic import partition_bounds
 from ncfcli.errors import NcfError
 from ncfcli.fsutil import atomic_dir
-
-KILL_BUCKET_ENV = "NCF_DASK_TEST_KILL_BUCKET"  # tests: the worker splitting this bucket dies
-STALL_BUCKET_ENV = "NCF_DASK_TEST_STALL_BUCKET"  # tests: ... never ends (a Ctrl-C's moment)
-# tests: "BUCKET:MARKER": the worker splitting BUCKET dies once, the first to create MARKER
-KILL_ONCE_ENV = "NCF_DASK_TEST_KILL_ONCE"
-_INT64_MAX = (1 << 63) - 1
-
-
-def cut_buckets(
-    part: Part, user_ids: Any, item_ids: Any, n_buckets: int, scale: int
-) -> list[dict[str, np.ndarray]]:
-    """A block's rows with dense pre-drop ids, one piece per bucket of users (the shuffle)."""
-    users = codes(part.user, user_ids)
-    items = codes(part.item, item_ids).astype(np.int32)
-    ts = part.ts
-    if scale != 1:  # a shorter fraction than the column's longest: as values.scaled_times scales
-        if len(ts) and int(np.abs(ts).max()) > _INT64_MAX // scale:
-            raise NcfError("a time does not fit 64 bits at the column's longest fraction")
-        ts = ts * scale
-    bucket = bucket_of(users, len(user_ids), n_buckets, np)
-    order = np.argsort(bucket, kind="stable")
-    cuts = np.searchsorted(bucket[order], np.arange(n_buckets + 1))
-    users32 = users.astype(np.int32)
-    return [
-        {"user": users32[order[a:b]], "item": items[order[a:b]], "ts": ts[order[a:b]]}
-        for a, b in zip(cuts, cuts[1:], strict=False)
-    ]
-
-
-def _piece(pieces: list[dict[str, np.ndarray]], b: int) -> dict[str, np.ndarray]:
-    return pieces[b]
-
-
-def dedup_bucket(lo: int, hi: int, n_items: int, *pieces: dict[str, np.ndarray]) -> dict:
-    """The bucket's positives, deduplicated at their latest time, sorted by (user, item)."""
-    n = sum(len(p["user"]) for p in pieces)
-    if n == 0:
-        empty = np.zeros(0, np.int32)
-        return {
-            "user": empty,
-            "item": empty,
-            "ts": np.zeros(0, np.int64),
-            "n_dup": 0,
-            "counts": np.zeros(hi - lo, np.int64),
-        }
-    key = np.concatenate([p["user"] for p in pieces]).astype(np.int64)
-    key -= lo
-    key *= n_items
-    key += np.concatenate([p["item"] for p in pieces])
-    ts = np.concatenate([p["ts"] for p in pieces])
-    keys, stamps = dedup_sorted(key, ts, max(1, (hi - lo) * n_items), np)
-    users = (keys // n_items).astype(np.int32)
-    items = (keys - users.astype(np.int64) * n_items).astype(np.int32)
-    counts = np.bincount(users, minlength=hi - lo)
-    users += lo
-    return {"user": users, "item": items, "ts": stamps, "n_dup": n - len(keys), "counts": counts}
-
-
-def bucket_counts(bucket: dict[str, Any]) -> tuple[np.ndarray, int]:
-    return bucket["counts"], bucket["n_dup"]
-
-
-def _kept(bucket: dict[str, Any], keep: np.ndarray, lo: int) -> np.ndarray:
-    return keep[bucket["user"] - lo]
-
-
-def present_items(bucket: dict[str, Any], keep: np.ndarray, lo: int, n_items: int) -> np.ndarray:
-    """The items the bucket's kept users have (--min-interactions dropped the others)."""
-    return np.bincount(bucket["item"][_kept(bucket, keep, lo)], minlength=n_items) > 0
-
-
-def split_write(
-    bucket: dict[str, Any],
-    index: int,
-    keep: np.ndarray | None,
-    lo: int,
-    new_lo: int,
-    new_hi: int,
-    item_map: np.ndarray | None,
-    n_items: int,
-    rules: SplitRules,
-    folder: str,
-    device: str,
-) -> tuple[dict[str, Any], int]:
-    """Re-index the bucket over the kept users and items, split it and write it (the memory
-    engine's per-bucket step); returns its meta entry and its users without validation."""
-    _test_faults(index)
-    users, items, stamps = bucket["user"], bucket["item"], bucket["ts"]
-    if keep is not None:
-        rows = _kept(bucket, keep, lo)
-        new_id = np.cumsum(keep) - 1 + new_lo
-        users = new_id[users[rows] - lo].astype(np.int32)
-        assert item_map is not None
-        items, stamps = item_map[items[rows]].astype(np.int32), stamps[rows]
-    backend = array_backend(device)  # no torch: it would only weigh on the worker's memory
-    xp = backend.xp
-    part = split_bucket(
-        xp.asarray(users), xp.asarray(items), xp.asarray(stamps), new_lo, new_hi, n_items, rules, xp
-    )
-    n_no_valid = int(part.pop("n_no_valid"))
-    host = {k: backend.to_numpy(v) for k, v in part.items()}
-    return write_bucket(folder, index, new_lo, new_hi, host), n_no_valid
-
-
-def _test_faults(index: int) -> None:
-    """The tests' seams: a worker that dies (always, or once) or stalls on bucket `index`."""
-    if os.environ.get(KILL_BUCKET_ENV) == str(index):
-        os._exit(1)  # a worker dying on every try: the run ends with one line
-    once = os.environ.get(KILL_ONCE_ENV, "").split(":", 1)
-    if once[0] == str(index):
-        try:
-            os.close(os.open(once[1], os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            pass
-        else:
-            os._exit(1)  # a worker lost mid-run: Dask recomputes what it held
-    if os.environ.get(STALL_BUCKET_ENV) == str(index):
-        import time
-
-        time.sleep(3600)  # a test of Ctrl-C mid-run: the dataset folder is half-written now
-
 
 # ---- the client ---------------------------------------------------------------------------
 
@@ -376,9 +255,13 @@ def _run(
 ) -> dict[str, Any]:
     """The stages, top to bottom: read, filter and index (the shuffle), split and write."""
     with stage("read") as note:
-        source, parts, infos = _read(config, backend, client, plan)
+        source, read = _read(config, backend, client, plan)
+        infos = read.infos
         n_raw = sum(i["n_raw"] for i in infos)
-        note["done"] = f"{n_raw:,} rows in {len(parts)} blocks on {len(client.nthreads())} workers"
+        again = ", read again at the cut" if read.reread else ""
+        note["done"] = (
+            f"{n_raw:,} rows in {len(infos)} blocks on {len(client.nthreads())} workers{again}"
+        )
     if n_raw == 0:
         raise NcfError(f"{config.source} holds no interactions")
     n_low = sum(i["n_low"] for i in infos)
@@ -390,10 +273,10 @@ def _run(
         )
     held_users = None
     if config.test is not None:
-        held_users = _with_holdout(config, client, parts, infos, source)
+        held_users = _with_holdout(config, client, read, source)
     with stage("filter and index") as note:
-        ix = _index(config, client, parts, infos, held_users)
-        del parts, infos
+        ix = _index(config, client, read, held_users)
+        del read, infos
         note["done"] = (
             f"{len(ix.user_ids):,} users, {len(ix.item_ids):,} items, {ix.n_pos:,} positives"
         )
@@ -405,11 +288,30 @@ def _run(
     return meta
 
 
+# Blocks are kept from the read to the cut where their rows (24 B each) take at most this share
+# of the workers' memory; beyond it they are read twice, so the workers never hold (or spill)
+# the whole input beside its shuffled pieces.
+KEEP_BLOCKS_SHARE = 0.25
+_ROW_BYTES = 24  # a read row: user, item and time as int64
+
+
+@dataclasses.dataclass
+class _Read:
+    """The blocks as the cut will take them, and what each reported."""
+
+    sources: list[Any]  # a future of each block's Part, or the Block itself (read again)
+    spec: ReadSpec
+    summaries: list[Any]  # futures: each block's summary, its distinct ids included
+    infos: list[dict[str, Any]]  # the summaries without their ids (dask_tasks.light)
+    reread: bool
+
+
 def _read(
     config: PrepareConfig, backend: Backend, client: Any, plan: Any
-) -> tuple[dict[str, Any], list[Any], list[dict[str, Any]]]:
-    """Every block of `plan` (_source_and_blocks) read on the workers (futures of Parts) and
-    what each reported."""
+) -> tuple[dict[str, Any], _Read]:
+    """Every block of `plan` (_source_and_blocks) read on the workers, and what each reported;
+    kept for the cut (futures of Parts) where they fit KEEP_BLOCKS_SHARE of the workers'
+    memory, else dropped and read again there."""
     source, blocks, how = plan
     kind = first_time_kind(blocks, how["roles"])
     spec = ReadSpec(
@@ -422,22 +324,78 @@ def _read(
     )
     if how["shape"] is not None:
         spec = dataclasses.replace(spec, parts=tuple(partition_bounds(how["shape"])))
-    parts = client.map(read_block, blocks, spec=spec)
-    infos = client.gather(client.map(summarize, parts))
+    reread = _rows_guess(blocks, how["shape"]) * _ROW_BYTES > KEEP_BLOCKS_SHARE * _memory(client)
+    read = read_pass(client, blocks, spec, reread, pure=True)
     redo: dict[str, Any] = {}
-    kinds = {r: {i["kinds"][r] for i in infos} for r in ("user", "item")}
+    kinds = {r: {i["kinds"][r] for i in read.infos} for r in ("user", "item")}
     text_ids = frozenset(r for r, k in kinds.items() if len(k) > 1)
     if text_ids:
         redo["text_ids"] = text_ids
-    time_kinds = {i["time_kind"] for i in infos}
+    time_kinds = {i["time_kind"] for i in read.infos}
     if {"epoch", "iso"} <= time_kinds or ("iso" in time_kinds and "int" in time_kinds):
-        first = infos[0]["time_kind"]
+        first = read.infos[0]["time_kind"]
         redo["time_kind"] = "epoch" if first in ("int", "epoch") else "iso"
     if redo:  # rare: blocks disagree; read them all again as the whole column reads
-        spec = dataclasses.replace(spec, **redo)
-        parts = client.map(read_block, blocks, spec=spec, pure=False)
-        infos = client.gather(client.map(summarize, parts))
-    return source, parts, infos
+        read = read_pass(client, blocks, dataclasses.replace(spec, **redo), reread, pure=False)
+    return source, read
+
+
+def read_pass(client: Any, blocks: list[Block], spec: ReadSpec, reread: bool, pure: bool) -> _Read:
+    if reread:
+        summaries = client.map(tasks.read_summary, blocks, spec=spec, pure=pure)
+        sources: list[Any] = list(blocks)
+    else:
+        sources = client.map(read_block, blocks, spec=spec, pure=pure)
+        summaries = client.map(summarize, sources)
+    infos = client.gather(client.map(tasks.light, summaries))
+    return _Read(sources, spec, summaries, infos, reread)
+
+
+def _rows_guess(blocks: list[Block], shape: Any) -> int:
+    """Rows the blocks hold, roughly: a synthetic shape's; else a row per 4 bytes of Parquet
+    (compressed ids) and per 8 of text, so that a guess errs towards reading twice."""
+    if shape is not None:
+        return int(shape.interactions)
+    files = {(b.path, b.kind) for b in blocks}
+    return sum(os.path.getsize(p) // (4 if k == "parquet" else 8) for p, k in files)
+
+
+def _memory(client: Any) -> float:
+    """The workers' memory limits summed (bytes; a worker with none counts the RAM)."""
+    import psutil
+
+    ram = psutil.virtual_memory().total
+    workers = client.scheduler_info()["workers"].values()
+    return float(sum(w.get("memory_limit") or ram for w in workers))
+
+
+def _distinct_ids(client: Any, summaries: list[Any], key: str) -> Any:
+    """The sorted distinct `key` ids of the summaries, merged on the workers a few at a time;
+    only the result comes to the client (as blocks.dictionary gives it)."""
+    level: list[Any] = summaries
+    pick: str | None = key
+    while True:
+        level = [
+            client.submit(tasks.merge_distinct, pick, *level[i : i + MERGE_FAN_IN])
+            for i in range(0, len(level), MERGE_FAN_IN)
+        ]
+        pick = None  # past the first level: merged arrays
+        if len(level) == 1:
+            return dictionary([client.gather(level[0])])
+
+
+MERGE_FAN_IN = 8  # summaries (then merged arrays) per merge task
+# The shuffle's pieces are (cut tasks x buckets) tasks: at MLPerf's 1,167 blocks and 584
+# buckets, 681k of them, whose submitting and scheduling alone outlasted the run's work. A cut
+# task takes several blocks where there would be more than MAX_PIECES (and at most
+# MAX_CUT_GROUP, so that its pieces stay a small part of a worker's memory).
+MAX_PIECES = 50_000
+MAX_CUT_GROUP = 32
+
+
+def cut_group(n_blocks: int, n_buckets: int) -> int:
+    """Blocks a cut task takes: 1, or as many as keep the pieces under MAX_PIECES."""
+    return max(1, min(MAX_CUT_GROUP, -(-n_blocks * n_buckets // MAX_PIECES)))
 
 
 @dataclasses.dataclass
@@ -456,16 +414,11 @@ class _Indexed:
     n_pos: int
 
 
-def _with_holdout(
-    config: PrepareConfig,
-    client: Any,
-    parts: list[Any],
-    infos: list[dict[str, Any]],
-    source: dict[str, Any],
-) -> Any:
+def _with_holdout(config: PrepareConfig, client: Any, read: _Read, source: dict[str, Any]) -> Any:
     """`--test FILE` (holdout.py), read on the client (a row per user): one more block whose
     rows are timed one after the latest training time at the column's longest fraction, as
-    the memory engine times them. Appends it to `parts` and `infos`; returns its raw users."""
+    the memory engine times them. Appends it to `read`; returns its raw users."""
+    infos = read.infos
     rows, source["test"] = read_holdout(config, get_backend("cpu"))
     kinds, ids = {}, {}
     for role in ("user", "item"):
@@ -480,41 +433,53 @@ def _with_holdout(
     latest = [i["ts_max"] * 10 ** (top - i["digits"]) for i in infos if i["ts_max"] is not None]
     ts = np.full(rows.n_rows, after_latest(max(latest) if latest else None), dtype=np.int64)
     part = Part(ids["user"], ids["item"], ts, 0, 0, kinds, digits=top)
-    infos.append(summarize(part))
-    parts.append(held(client, part))
+    summary = summarize(part)
+    infos.append(tasks.light(summary))
+    read.summaries.append(held(client, summary))
+    read.sources.append(held(client, part))
     return ids["user"]
 
 
-def _index(
-    config: PrepareConfig,
-    client: Any,
-    parts: list[Any],
-    infos: list[dict[str, Any]],
-    held_users: Any = None,
-) -> _Indexed:
+def _index(config: PrepareConfig, client: Any, read: _Read, held_users: Any = None) -> _Indexed:
     """Dictionaries, the one shuffle into buckets of users, dedup, then --min-interactions."""
-    user_ids = dictionary([i["users"] for i in infos])
-    item_ids = dictionary([i["items"] for i in infos])
+    infos, parts = read.infos, read.sources
+    user_ids = _distinct_ids(client, read.summaries, "users")
+    item_ids = _distinct_ids(client, read.summaries, "items")
     if held_users is not None:
         # The held-out block is the last: the users of the others have training rows.
         trained = np.zeros(len(user_ids), bool)
-        trained[np.searchsorted(user_ids, dictionary([i["users"] for i in infos[:-1]]))] = True
+        others = _distinct_ids(client, read.summaries[:-1], "users")
+        trained[np.searchsorted(user_ids, others)] = True
         check_holdout(config, codes(held_users, user_ids), trained, user_ids, get_backend("cpu"))
+    read.summaries = []  # the workers may drop them
     n_u, n_i = len(user_ids), len(item_ids)
     n_buckets = min(config.buckets or default_buckets(sum(i["n_rows"] for i in infos), n_u), n_u)
     pre = [b * n_u // n_buckets for b in range(n_buckets + 1)]
     top = max(i["digits"] for i in infos)
     digits = [10 ** (top - i["digits"]) for i in infos]
     u_f, i_f = held(client, user_ids), held(client, item_ids)
-    many = len(parts)
-    cut = client.map(cut_buckets, parts, [u_f] * many, [i_f] * many, [n_buckets] * many, digits)
-    pieces = [[client.submit(_piece, c, b) for c in cut] for b in range(n_buckets)]
-    del cut
+    step = cut_group(len(parts), n_buckets)
+    cut = [
+        client.submit(
+            tasks.cut_sources,
+            read.spec,
+            u_f,
+            i_f,
+            n_buckets,
+            digits[a : a + step],
+            *parts[a : a + step],
+        )
+        for a in range(0, len(parts), step)
+    ]
+    read.sources = []
+    pieces = [[client.submit(tasks.piece, c, b) for c in cut] for b in range(n_buckets)]
+    del cut, parts
     buckets = [
-        client.submit(dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b]) for b in range(n_buckets)
+        client.submit(tasks.dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b])
+        for b in range(n_buckets)
     ]
     del pieces, u_f, i_f
-    gathered = client.gather(client.map(bucket_counts, buckets))
+    gathered = client.gather(client.map(tasks.bucket_counts, buckets))
     per_user = np.concatenate([c for c, _ in gathered])
     keep = per_user >= config.min_interactions
     n_keep = int(keep.sum())
@@ -530,7 +495,7 @@ def _index(
         keeps = [keep[pre[b] : pre[b + 1]] for b in range(n_buckets)]
         seen = client.gather(
             [
-                client.submit(present_items, buckets[b], keeps[b], pre[b], n_i)
+                client.submit(tasks.present_items, buckets[b], keeps[b], pre[b], n_i)
                 for b in range(n_buckets)
             ]
         )
@@ -571,7 +536,7 @@ def _split_write(
         im_f = held(client, ix.item_map) if ix.item_map is not None else None
         done = [
             client.submit(
-                split_write,
+                tasks.split_write,
                 ix.buckets[b],
                 b,
                 ix.keeps[b],
