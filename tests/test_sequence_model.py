@@ -143,3 +143,19 @@ def test_the_terms_dropout_keeps_1_minus_p_scaled_and_is_seeded() -> None:
     drop.eval()
     assert drop(x) is x
     assert torch.equal(MaskDropout(1.0).train()(x), torch.zeros_like(x))
+
+
+def test_a_users_state_is_the_last_position_of_every_state() -> None:
+    """Scoring computes only the last position through the last block (its query, attention
+    and feed-forward): the same state as the whole encoder's last position, padded windows
+    included."""
+    from ncfcli.model.sequence import Sequence
+
+    torch.manual_seed(2)
+    seq = Sequence(40, 6, 16, 3, 0.5).eval()
+    window = torch.randint(0, 40, (9, 6))
+    window[:3, :4] = 40  # padded on the left, as short histories are
+    whole = seq.states(window)[:, -1]
+    last = seq.user_state(window)
+    assert last.shape == (9, 16)
+    torch.testing.assert_close(last, whole, rtol=1e-5, atol=1e-6)

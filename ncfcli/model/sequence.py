@@ -50,9 +50,20 @@ class Block(nn.Module):
         self.ff_out = nn.Linear(width, width)
         self.dropout = MaskDropout(dropout)
 
-    def forward(self, x: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
-        """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d]."""
-        q, k, v = self.qkv(self.norm_attn(x)).chunk(3, dim=-1)
+    def forward(self, x: torch.Tensor, blocked: torch.Tensor, last: bool = False) -> torch.Tensor:
+        """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d];
+        `last`: only the last position's output [B, 1, d] (it attends to every position, so
+        its query, attention and feed-forward are computed for it alone: what scoring needs of
+        the last block, a third of the encoder's work)."""
+        normed = self.norm_attn(x)
+        if last:
+            d = x.shape[-1]
+            w, b = self.qkv.weight, self.qkv.bias
+            q = F.linear(normed[:, -1:], w[:d], b[:d])
+            k, v = F.linear(normed, w[d:], b[d:]).chunk(2, dim=-1)
+            x, blocked = x[:, -1:], blocked[-1:]
+        else:
+            q, k, v = self.qkv(normed).chunk(3, dim=-1)
         # q is scaled before the product: under AMP q @ kᵀ runs in half precision, and the
         # unscaled sums of `width` products can leave fp16's range (65504) where the scaled
         # ones do not.
@@ -90,21 +101,24 @@ class Sequence(nn.Module):
     def extra_repr(self) -> str:
         return f"E {list(self.item.weight.shape)}, positions {self.position.weight.shape[0]}"
 
-    def states(self, window: torch.Tensor, embedded: torch.Tensor | None = None) -> torch.Tensor:
+    def states(
+        self, window: torch.Tensor, embedded: torch.Tensor | None = None, last: bool = False
+    ) -> torch.Tensor:
         """window [B, L] item ids (pad: n_items) -> states [B, L, width]; `embedded`: E's rows
-        for the window, gathered beforehand (`loss` gathers all its rows at once)."""
+        for the window, gathered beforehand (`loss` gathers all its rows at once); `last`:
+        only the last position's state [B, 1, width]."""
         window = window.long()
         if embedded is None:
             embedded = self.item(window)
         h = embedded * math.sqrt(self.item.embedding_dim) + self.position.weight
         h = self.dropout(h) * (window != self.pad).unsqueeze(-1).to(h.dtype)
-        for block in self.blocks:
-            h = block(h, self.blocked)
+        for i, block in enumerate(self.blocks):
+            h = block(h, self.blocked, last and i == len(self.blocks) - 1)
         return self.norm(h)
 
     def user_state(self, window: torch.Tensor) -> torch.Tensor:
         """window [U, L] -> h [U, width]: the state after the window's last (latest) item."""
-        return self.states(window)[:, -1]
+        return self.states(window, last=True)[:, -1]
 
     def forward(self, items: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """items [B], window [B, L] -> scale * <h, E[item]> [B]."""

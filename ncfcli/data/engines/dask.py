@@ -385,8 +385,8 @@ def _distinct_ids(client: Any, summaries: list[Any], key: str) -> Any:
 
 
 MERGE_FAN_IN = 8  # summaries (then merged arrays) per merge task
-# The shuffle's pieces are (cut tasks x buckets) tasks: at MLPerf's 1,167 blocks and 584
-# buckets, 681k of them, whose submitting and scheduling alone outlasted the run's work. A cut
+# The shuffle's pieces are (cut tasks x buckets) tasks: at MLPerf's 1,168 blocks and 584
+# buckets, 682k of them: the first full run stalled on them (docs/scale.md). A cut
 # task takes several blocks where there would be more than MAX_PIECES (and at most
 # MAX_CUT_GROUP, so that its pieces stay a small part of a worker's memory).
 MAX_PIECES = 50_000
