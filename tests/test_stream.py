@@ -219,7 +219,9 @@ def history(run: Path) -> list[dict]:
 @pytest.mark.slow
 def test_ctrl_c_mid_epoch_and_resume_equal_a_run_left_alone(data_dir: Path, tmp_path: Path) -> None:
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    common = ["train", str(data_dir), "--epochs", "3", *TINY]
+    # 5 epochs: the signal goes after the first, and 4 more leave it time to land mid-run even
+    # on a loaded machine (at 3, a CI run under -n auto once finished before it arrived).
+    common = ["train", str(data_dir), "--epochs", "5", *TINY]
     res = subprocess.run([sys.executable, "-m", "ncfcli", *common, "--out", str(straight)],
                          capture_output=True, text=True, timeout=240, env=ncf_env())  # fmt: skip
     assert res.returncode == 0, res.stderr
