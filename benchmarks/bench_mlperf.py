@@ -41,50 +41,29 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 from _common import MISSED, machine, ncf_env, verdict
-from bench_scale import _tree_rss
+from bench_scale import run_prepare
 
 FULL_ROWS = 1_223_962_043
 TARGETS = {"wall_s": 30 * 60, "peak_rss_gib": 8.0, "disk_gb": 40.0}
 
 
 def prepare(args: list[str], out: Path, kill_at: float | None = None) -> dict:
-    """One `ncf prepare ... --json` process: its report, wall, summed peak RSS; with `kill_at`
-    (seconds) the largest worker process is killed then."""
-    cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
-           "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
-    t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=ncf_env())  # fmt: skip
-    peak, killed, disk = [0], [""], [0]
-    done = threading.Event()
+    """bench_scale.run_prepare's run (report, wall, summed peak RSS), plus the peak of the disk
+    used meanwhile and, with `kill_at` (seconds), the largest worker process killed then."""
+    killed, disk = [""], [0]
     used_before = shutil.disk_usage(out.parent).used
 
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(child.pid))
-            disk[0] = max(disk[0], shutil.disk_usage(out.parent).used - used_before)
-            if kill_at is not None and not killed[0] and time.perf_counter() - t0 >= kill_at:
-                killed[0] = _kill_largest_worker(child.pid)
-            time.sleep(0.1)
+    def watch(pid: int, seconds: float) -> None:
+        disk[0] = max(disk[0], shutil.disk_usage(out.parent).used - used_before)
+        if kill_at is not None and not killed[0] and seconds >= kill_at:
+            killed[0] = _kill_largest_worker(pid)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = child.communicate()
-    wall = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    if child.returncode != 0:
-        last = (stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-        sys.exit(f"error: {' '.join(cmd)} failed: {last}")
-    report = json.loads(stdout.strip().splitlines()[-1])
-    return {"wall_s": wall, "peak_rss": peak[0], "report": report, "killed": killed[0],
-            "peak_disk": disk[0]}  # fmt: skip
+    return {**run_prepare(args, out, watch), "killed": killed[0], "peak_disk": disk[0]}
 
 
 def _kill_largest_worker(root: int) -> str:

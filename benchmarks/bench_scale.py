@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import MISSED, machine, ncf_env, verdict
@@ -60,8 +61,10 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def run_prepare(args: list[str], out: Path) -> dict:
-    """One `ncf prepare ... --json` process: its JSON, wall seconds and summed peak RSS."""
+def run_prepare(args: list[str], out: Path,
+                every: Callable[[int, float], None] | None = None) -> dict:  # fmt: skip
+    """One `ncf prepare ... --json` process: its JSON, wall seconds and summed peak RSS;
+    `every(pid, seconds since the start)` is called at each 0.1 s sample too."""
     cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
            "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
     t0 = time.perf_counter()
@@ -73,6 +76,8 @@ def run_prepare(args: list[str], out: Path) -> dict:
     def sample() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], _tree_rss(child.pid))
+            if every is not None:
+                every(child.pid, time.perf_counter() - t0)
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)

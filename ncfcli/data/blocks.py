@@ -315,16 +315,26 @@ def distinct_ints(x: np.ndarray) -> np.ndarray:
     return (np.flatnonzero(seen) + lo).astype(x.dtype, copy=False)
 
 
-def dictionary(pieces: list[Any]) -> Any:
-    """Sorted distinct raw ids (host): NumPy int64, or a NumPy object array of str."""
+def merged_ids(pieces: list[Any]) -> Any:
+    """Sorted distinct raw ids of several blocks' (or merges') ids: NumPy int64, or a pyarrow
+    large_string array, the form a merge of merges takes again (dask_tasks.merge_distinct)."""
     if all(isinstance(p, np.ndarray) for p in pieces):
         return distinct_ints(np.concatenate(pieces))
     import pyarrow as pa
     import pyarrow.compute as pc
 
     uniques = pc.unique(pa.concat_arrays([p.cast(pa.large_string()) for p in pieces]))
-    uniques = uniques.take(pc.sort_indices(uniques))
-    return uniques.cast(pa.string()).to_numpy(zero_copy_only=False)
+    return uniques.take(pc.sort_indices(uniques))
+
+
+def dictionary(pieces: list[Any]) -> Any:
+    """Sorted distinct raw ids (host): NumPy int64, or a NumPy object array of str."""
+    ids = merged_ids(pieces)
+    if isinstance(ids, np.ndarray):
+        return ids
+    import pyarrow as pa
+
+    return ids.cast(pa.string()).to_numpy(zero_copy_only=False)
 
 
 def codes(ids: Any, dictionary: Any) -> np.ndarray:

@@ -369,9 +369,9 @@ def _memory(client: Any) -> float:
     return float(sum(w.get("memory_limit") or ram for w in workers))
 
 
-def _distinct_ids(client: Any, summaries: list[Any], key: str) -> Any:
-    """The sorted distinct `key` ids of the summaries, merged on the workers a few at a time;
-    only the result comes to the client (as blocks.dictionary gives it)."""
+def _merged(client: Any, summaries: list[Any], key: str) -> Any:
+    """A future of the sorted distinct `key` ids of the summaries, merged on the workers a few
+    at a time (dask_tasks.merge_distinct), so the client receives only the result."""
     level: list[Any] = summaries
     pick: str | None = key
     while True:
@@ -381,7 +381,12 @@ def _distinct_ids(client: Any, summaries: list[Any], key: str) -> Any:
         ]
         pick = None  # past the first level: merged arrays
         if len(level) == 1:
-            return dictionary([client.gather(level[0])])
+            return level[0]
+
+
+def _ids(client: Any, merged: Any) -> Any:
+    """The client's dictionary (blocks.dictionary) of a `_merged` future."""
+    return dictionary([client.gather(merged)])
 
 
 MERGE_FAN_IN = 8  # summaries (then merged arrays) per merge task
@@ -440,17 +445,26 @@ def _with_holdout(config: PrepareConfig, client: Any, read: _Read, source: dict[
     return ids["user"]
 
 
+def _user_ids(config: PrepareConfig, client: Any, summaries: list[Any], held_users: Any) -> Any:
+    """The users' dictionary; with `--test` (the last block is the held-out one, `held_users`
+    its raw users) the blocks before it are merged once, then with it, and every held-out user
+    is checked to have training rows (holdout.check_holdout)."""
+    if held_users is None:
+        return _ids(client, _merged(client, summaries, "users"))
+    trained_f = _merged(client, summaries[:-1], "users")
+    held_f = _merged(client, summaries[-1:], "users")
+    user_ids = _ids(client, client.submit(tasks.merge_distinct, None, trained_f, held_f))
+    trained = np.zeros(len(user_ids), bool)
+    trained[np.searchsorted(user_ids, _ids(client, trained_f))] = True
+    check_holdout(config, codes(held_users, user_ids), trained, user_ids, get_backend("cpu"))
+    return user_ids
+
+
 def _index(config: PrepareConfig, client: Any, read: _Read, held_users: Any = None) -> _Indexed:
     """Dictionaries, the one shuffle into buckets of users, dedup, then --min-interactions."""
     infos, parts = read.infos, read.sources
-    user_ids = _distinct_ids(client, read.summaries, "users")
-    item_ids = _distinct_ids(client, read.summaries, "items")
-    if held_users is not None:
-        # The held-out block is the last: the users of the others have training rows.
-        trained = np.zeros(len(user_ids), bool)
-        others = _distinct_ids(client, read.summaries[:-1], "users")
-        trained[np.searchsorted(user_ids, others)] = True
-        check_holdout(config, codes(held_users, user_ids), trained, user_ids, get_backend("cpu"))
+    item_ids = _ids(client, _merged(client, read.summaries, "items"))
+    user_ids = _user_ids(config, client, read.summaries, held_users)
     read.summaries = []  # the workers may drop them
     n_u, n_i = len(user_ids), len(item_ids)
     n_buckets = min(config.buckets or default_buckets(sum(i["n_rows"] for i in infos), n_u), n_u)

@@ -22,7 +22,7 @@ from ncfcli.data.blocks import (
     Part,
     ReadSpec,
     codes,
-    distinct_ints,
+    merged_ids,
     read_block,
     summarize,
 )
@@ -163,17 +163,9 @@ def light(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge_distinct(key: str | None, *pieces: Any) -> Any:
-    """Sorted distinct ids of several summaries' `key` (or, key None, of merged arrays): NumPy
-    int64, or a pyarrow string array (dictionary() turns the last merge into the client's)."""
-    arrays = [p[key] for p in pieces] if key is not None else list(pieces)
-    if all(isinstance(a, np.ndarray) for a in arrays):
-        return distinct_ints(np.concatenate(arrays))
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    strings = pa.concat_arrays([a.cast(pa.large_string()) for a in arrays])
-    uniques = pc.unique(strings)
-    return uniques.take(pc.sort_indices(uniques))
+    """Sorted distinct ids of several summaries' `key` (or, key None, of merged arrays), as
+    blocks.merged_ids gives them (dictionary() turns the last merge into the client's)."""
+    return merged_ids([p[key] for p in pieces] if key is not None else list(pieces))
 
 
 def cut_source(
