@@ -21,19 +21,27 @@ Each step is its own process, as a user runs it:
 3. `--kill-after F`: the same prepare again with the largest worker process killed (SIGKILL,
    as the OS's OOM killer does) F x the first run's wall into the run; its nanny starts a new
    one and Dask recomputes what the dead one held. The two fingerprints must be equal.
+5. `--train-steps N` (default 2000): `ncf train` on that dataset with `--nproc 2 --shard users`
+   and MLPerf's model (NeuMF, 64 factors, MLP 256-256-128-64; TRAIN_MODEL), `--max-steps N`:
+   its samples/s (the run's own: samples over the seconds of its steps and of building their
+   samples), the peak resident memory of each process (the launcher and each rank, sampled
+   every 0.2 s), and `ncf eval` of its checkpoint, timed. The same model and steps on an
+   ml-20m-shaped synthetic dataset (`--preset ml-20m`, the memory engine) give the samples/s
+   it is compared with. `--data DIR` trains on a dataset already prepared (no prepare).
 4. `--test-check N`: a CSV of N rows (20,000 users, 10,000 items, seeded) and a test file of
    one (user, item) a user, MLPerf's protocol (`--split random --test FILE --eval-negatives
    999`), prepared by the memory engine and by the Dask engine: the fingerprints must be equal.
 
 Issue 35's targets at the full size, printed as met or missed (exit 1 on a miss): the prepare
 in <= 30 minutes, summed peak RSS <= 8 GiB, <= 40 GB of disk at the peak, and the digest
-check passing;
+check passing; training at a rank's peak RSS <= 8 GiB and >= 0.5x ml-20m's samples/s;
 a killed worker's run and the `--test` check give the same fingerprints at any size.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,6 +49,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +59,13 @@ from bench_scale import run_prepare
 
 FULL_ROWS = 1_223_962_043
 TARGETS = {"wall_s": 30 * 60, "peak_rss_gib": 8.0, "disk_gb": 40.0}
+# MLPerf's NeuMF (its reference's sizes), no order term (and so no validation probe); scoring
+# 2^17 pairs at once (the MLP's activations: about 2.8 KB a pair, 2.9 GB at the default 2^20).
+TRAIN_MODEL = ["--model", "neumf", "--factors", "64", "--layers", "256", "256", "128", "64",
+               "--order-factors", "0", "--nproc", "2", "--shard", "users",
+               "--eval-batch", "131072"]  # fmt: skip
+RANK_RSS_GIB = 8.0
+SPEED_RATIO = 0.5
 
 
 def prepare(args: list[str], out: Path, kill_at: float | None = None) -> dict:
@@ -149,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="run again, killing a worker F x the first run's wall in")  # fmt: skip
     ap.add_argument("--test-check", type=int, metavar="ROWS", help="the --test check's rows")
     ap.add_argument("--skip-prepare", action="store_true", help="only the --test check")
+    ap.add_argument("--train-steps", type=int, default=2000, help="0: no training")
+    ap.add_argument("--batch-size", type=int, default=1 << 14, help="the training's global batch")
+    ap.add_argument("--data", type=Path, help="train on this prepared dataset (no prepare)")
+    ap.add_argument("--compare-rows", type=int,
+                    help="rows of the ml-20m-shaped comparison (default: the preset's)")  # fmt: skip
     ap.add_argument("--work-dir", type=Path,
                     help="where the datasets go (default: a temporary folder, removed)")  # fmt: skip
     a = ap.parse_args(argv)
@@ -159,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         print(machine(), flush=True)
         if a.test_check:
             ok &= test_check(a.test_check, work, a.workers)
-        if not a.skip_prepare:
+        if a.data is not None:
+            ok &= train_checks(a, a.data, work)
+        elif not a.skip_prepare:
             ok &= prepare_checks(a, work)
         print(f"at the end: {machine()}", flush=True)
     finally:
@@ -206,8 +229,83 @@ def prepare_checks(a: argparse.Namespace, work: Path) -> bool:
               flush=True)  # fmt: skip
         ok &= same and bool(k["killed"])
         print(verdict(same and bool(k["killed"]), "a killed worker's run, the same fingerprint"))
+    if a.train_steps:
+        ok &= train_checks(a, out, work)
     shutil.rmtree(out, ignore_errors=True)
     return ok
+
+
+def train(data: Path, run: Path, steps: int, batch: int) -> dict:
+    """One `ncf train` (TRAIN_MODEL, --max-steps): its JSON, wall seconds and the peak resident
+    bytes of each of its processes (pid -> (command's last words, peak))."""
+    import psutil
+
+    cmd = [sys.executable, "-m", "ncfcli", "train", str(data), "--out", str(run), *TRAIN_MODEL,
+           "--batch-size", str(batch), "--max-steps", str(steps), "--json", "-q"]  # fmt: skip
+    t0 = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=ncf_env())  # fmt: skip
+    peaks: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            try:
+                procs = [psutil.Process(child.pid), *psutil.Process(child.pid).children(True)]
+            except psutil.NoSuchProcess:
+                procs = []
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = child.communicate()
+    done.set()
+    sampler.join()
+    if child.returncode != 0:
+        last = (stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
+        sys.exit(f"error: {' '.join(cmd)} failed: {last}")
+    report = json.loads(stdout[stdout.index("{") :])
+    return {"wall_s": time.perf_counter() - t0, "peaks": peaks, "report": report}
+
+
+def train_checks(a: argparse.Namespace, data: Path, work: Path) -> bool:
+    """--train-steps on the MLPerf dataset and on an ml-20m-shaped one, then `ncf eval`."""
+    big = train(data, work / "run-mlperf", a.train_steps, a.batch_size)
+    rank_peak = max(big["peaks"].values()) / 2**30
+    speed = big["report"]["samples_per_second"]
+    peaks = ", ".join(f"{v / 2**30:.2f}" for v in sorted(big["peaks"].values(), reverse=True))
+    print(f"train, {a.train_steps} steps of {a.batch_size:,} on it: {speed:,.0f} samples/s, "
+          f"{big['wall_s']:.1f} s whole, peak RSS per process {peaks} GiB, tables "
+          f"{big['report']['tables']}, validation {big['report']['validation']}", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    scored = subprocess.run([sys.executable, "-m", "ncfcli", "eval", str(work / "run-mlperf"),
+                             "--eval-batch", "131072", "--json", "-q"], capture_output=True,
+                            text=True, env=ncf_env())  # fmt: skip
+    evaluated = scored.returncode == 0
+    if evaluated:
+        got = json.loads(scored.stdout[scored.stdout.index("{") :])
+        m = got["metrics"]
+        said = f"test HR@10 {m['hr@10']:.4f}, NDCG@10 {m['ndcg@10']:.4f} ({got['users']:,} users)"
+    else:
+        said = f"FAILED: {scored.stderr.strip()[-300:] or f'exit code {scored.returncode}'}"
+    print(f"ncf eval of its checkpoint: {time.perf_counter() - t0:.1f} s, {said}", flush=True)
+    small_data = work / "ml-20m-shape"
+    if not (small_data / "meta.json").exists():
+        # ml-20m's 144 rows a user, at --compare-rows
+        rows = ["--rows", str(a.compare_rows), "--users", str(max(50, a.compare_rows // 144))]
+        rows = rows if a.compare_rows else []
+        prepare(["synthetic", "--preset", "ml-20m", *rows], small_data)
+    small = train(small_data, work / "run-ml-20m", a.train_steps, a.batch_size)
+    base = small["report"]["samples_per_second"]
+    print(f"the same on ml-20m's shape: {base:,.0f} samples/s, {small['wall_s']:.1f} s whole; "
+          f"ratio {speed / base:.2f}", flush=True)  # fmt: skip
+    fits, fast = rank_peak <= RANK_RSS_GIB, speed >= SPEED_RATIO * base
+    print(verdict(fits, f"a rank's peak RSS <= {RANK_RSS_GIB:g} GiB (got {rank_peak:.2f})"))
+    print(verdict(fast, f"samples/s >= {SPEED_RATIO:g}x ml-20m's (got {speed / base:.2f}x)"))
+    return fits and fast and evaluated
 
 
 if __name__ == "__main__":

@@ -191,7 +191,8 @@ def test_the_mlperf_benchmark_runs_small(tmp_path: Path) -> None:
     pytest.importorskip("distributed")
     res = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_mlperf.py"), "--rows", "40000",
-         "--users", "2000", "--test-check", "20000", "--work-dir", str(tmp_path / "work")],
+         "--users", "2000", "--test-check", "20000", "--train-steps", "0",
+         "--work-dir", str(tmp_path / "work")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
@@ -200,3 +201,22 @@ def test_the_mlperf_benchmark_runs_small(tmp_path: Path) -> None:
     assert re.search(r"prepare, 40,000 rows on 2 workers: [\d.]+ s .* GB at the peak", out)
     assert "ncf inspect (digest check): passed" in out
     assert not any((tmp_path / "work").iterdir())  # every dataset it wrote is gone
+
+
+@pytest.mark.slow
+def test_the_mlperf_benchmarks_training_runs(prepared_dir: Path, tmp_path: Path) -> None:
+    """Its training stage at a smoke size: MLPerf's NeuMF for 6 steps on 2 ranks, `ncf eval`
+    of the checkpoint, and the same on a 30k-row dataset of ml-20m's shape."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_mlperf.py"), "--data", str(prepared_dir),
+         "--train-steps", "6", "--batch-size", "512", "--compare-rows", "30000", "--work-dir",
+         str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    out = res.stdout
+    assert re.search(r"train, 6 steps of 512 on it: [\d,]+ samples/s, .* peak RSS per process", out)
+    assert "tables row-sparse (--sparse-tables on)" not in out  # auto: tiny tables are dense
+    assert re.search(r"ncf eval of its checkpoint: [\d.]+ s, test HR@10 0\.\d+, NDCG@10 0\.\d+ "
+                     r"\(300 users\)", out), out + res.stderr  # fmt: skip
+    assert re.search(r"the same on ml-20m's shape: [\d,]+ samples/s", out)
+    assert "target a rank's peak RSS <= 8 GiB" in out and "target samples/s >= 0.5x" in out

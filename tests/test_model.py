@@ -180,3 +180,23 @@ def test_f4_row_weights_need_no_bincount(monkeypatch: pytest.MonkeyPatch) -> Non
     assert torch.equal(got.detach(), want), (got, want)
     got.backward()  # and it still trains the rows it weighs
     assert model.user_gmf.weight.grad is not None
+
+
+@pytest.mark.parametrize("n_items", [50, 4])  # 50: the grid's items fewer than the catalogue
+def test_each_users_own_items_score_as_forward_whether_the_table_or_its_rows_are_projected(
+    n_items: int,
+) -> None:
+    """score_all(items=[U, C]) projects the MLP's first layer for the grid's distinct items
+    only where they are fewer than the catalogue (MLPerf's 855,776 items), else for the table."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(kind="neumf", n_users=3, n_items=n_items, factors=4, layers=(8, 4))
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    users = torch.tensor([2, 0])
+    grid = torch.tensor([[41, 7, 41], [0, 7, 23]]) % n_items
+    with torch.no_grad():
+        got = model.score_all(users, items=grid)
+        want = model(users.repeat_interleave(3), grid.reshape(-1)).reshape(2, 3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

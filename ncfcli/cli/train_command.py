@@ -170,7 +170,7 @@ def _run(cfg: TrainConfig, json_out: bool, quiet: bool) -> None:
 
 def _summary_rows(result: TrainResult) -> list[tuple[str, Any]]:
     """The table `ncf train` prints at the end of a run."""
-    stopped = ", stopped at --target-hr)" if result.stopped_early else ")"
+    stopped = f", stopped at {result.stopped_by or '--target-hr'})" if result.stopped_early else ")"
     rows: list[tuple[str, Any]] = [
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call" + stopped),

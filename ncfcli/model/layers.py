@@ -4,6 +4,9 @@
 - `rows`: table [n, d], ids [B] -> [B, d], gathered by `_Gather` in training, whose backward
   is one `scatter_add_` (on the CPU 3x faster than nn.Embedding's, which adds the batch's rows
   one at a time), and by F.embedding otherwise, so ONNX sees only standard ops;
+- `RowGrads`: a row-sparse table's gradient, kept as the rows a step read (ids [K], grads
+  [K, d]) instead of a table-sized tensor; the optimizer that owns it (ncfcli/training/tables.py)
+  sums, reduces and applies them;
 - `SplitLinear`: nn.Linear on a concatenation, without building it;
 - `dot_items` and `item_rows`: how score_all reads every item, a subset, or each user's own;
 - `ReluDropout`: dropout(relu(x)) that saves half as much for its backward pass;
@@ -94,6 +97,46 @@ def lecun_uniform_(w: torch.Tensor) -> None:
     nn.init.uniform_(w, -bound, bound)
 
 
+class RowGrads:
+    """Where a row-sparse table's gradient goes: the (ids, grad rows) of each gather a step made,
+    in backward order. Attached to the table's weight (`weight.row_grads`), whose requires_grad
+    is then False, so no table-sized gradient is ever made; `anchor`, a 0-element leaf that
+    requires grad, puts the gathers on the autograd graph."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.anchor = torch.zeros(0, device=device, requires_grad=True)
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def take(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        parts, self.parts = self.parts, []
+        return parts
+
+
+class _RowGather(torch.autograd.Function):
+    """table [n, d], ids [B] -> table[ids] [B, d] for a row-sparse table: backward hands the
+    rows' gradient to the table's RowGrads (summed in fp32, as `_Gather` sums)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, table: torch.Tensor, ids: torch.Tensor, anchor: torch.Tensor, sink: RowGrads
+    ) -> torch.Tensor:
+        ctx.save_for_backward(ids)
+        ctx.sink = sink
+        return table.index_select(0, ids)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, torch.Tensor, None]:
+        (ids,) = ctx.saved_tensors
+        wide = torch.promote_types(grad.dtype, torch.float32)
+        ctx.sink.parts.append((ids, grad.to(wide)))
+        return None, None, torch.zeros(0, device=grad.device), None
+
+
+def row_sparse(weight: torch.Tensor) -> RowGrads | None:
+    """The table's RowGrads when its gradient is kept as rows (ncfcli/training/tables.py)."""
+    return getattr(weight, "row_grads", None)
+
+
 def table(rows: int, width: int) -> nn.Embedding | None:
     """An embedding table [rows, width] drawn N(0, 0.01), or None where `width` is 0 (the kind
     has no such tower). nn.Embedding draws N(0, 1) first: kept, so a seed gives the weights it
@@ -107,13 +150,18 @@ def table(rows: int, width: int) -> nn.Embedding | None:
 
 def rows(weight: torch.Tensor, ids: torch.Tensor, training: bool) -> torch.Tensor:
     """weight [n, d], ids [B] -> weight[ids] [B, d]: `_Gather` in training (ids int64), else
-    F.embedding (the op ONNX export knows)."""
-    return _Gather.apply(weight, ids) if training else F.embedding(ids, weight)
+    F.embedding (the op ONNX export knows); `_RowGather` for a row-sparse table."""
+    if not training:
+        return F.embedding(ids, weight)
+    sink = row_sparse(weight)
+    if sink is not None:
+        return _RowGather.apply(weight, ids, sink.anchor, sink)
+    return _Gather.apply(weight, ids)
 
 
 def row_sq_sum(weight: torch.Tensor, ids: torch.Tensor, training: bool) -> torch.Tensor:
     """sum_b ||weight[ids_b]||^2 -> [] for weight [n, d], ids [B] (the rows a batch reads)."""
-    if 4 * ids.shape[0] > weight.shape[0]:
+    if 4 * ids.shape[0] > weight.shape[0] and row_sparse(weight) is None:
         # A batch not much smaller than the table (ml-100k: 2^14 ids, 943 users; Amazon Sports:
         # 35,598 users) reads rows many times: weigh each row's square once by its count. Same
         # sum, and its backward is one elementwise pass over the table instead of a gather, a

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import ReluDropout, SplitLinear, borrow, item_rows, rows
+from ncfcli.model.layers import ReluDropout, SplitLinear, borrow, item_rows, row_sparse, rows
 
 # Pairs per tile of `MLP.pair_layers` on a CPU: 2^16 pairs x ~100 float32 activations is ~25 MB,
 # within a server's L3. Measured on a 2-core EPYC (64-32 layers): idle, 2^14-2^16 tiles ran
@@ -102,7 +102,8 @@ class MLP(nn.Module):
         assert self.first is not None
         w_user, w_item = self.first.weights
         n_rows = self.user.weight.shape[0] + self.item.weight.shape[0]
-        if self.training and 2 * users.shape[0] > n_rows:
+        dense = row_sparse(self.user.weight) is None  # a row-sparse table is only gathered
+        if self.training and dense and 2 * users.shape[0] > n_rows:
             per_user = torch.addmm(self.first.bias, self.user.weight, w_user.t())
             per_item = self.item.weight.mm(w_item.t())
             # In place: one [B, layers[1]] buffer instead of three (ml-20m: 1 GB less at 2^20).
@@ -142,7 +143,13 @@ class MLP(nn.Module):
             w_user, w_item = self.first.weights
             per_user = torch.addmm(self.first.bias, self.user.weight[users], w_user.t())
             if items is not None and items.dim() == 2:  # each user's own items: project once,
-                table = self.item.weight @ w_item.t()  # gathered tile by tile in pair_layers
+                if items.numel() < self.item.weight.shape[0]:  # fewer than the catalogue: its
+                    # rows only (MLPerf's 855,776 items, 2^17 pairs a chunk: the table's
+                    # projection was 28 GMAC a chunk, 5x the pairs' own layers)
+                    seen, items = torch.unique(items, return_inverse=True)
+                    table = self.item.weight[seen] @ w_item.t()
+                else:
+                    table = self.item.weight @ w_item.t()  # gathered tile by tile in pair_layers
                 return out + self.pair_layers(per_user, table, blocks[0], items)
             per_item = item_rows(self.item.weight, items) @ w_item.t()  # [B, layers[1]]
             return out + self.pair_layers(per_user, per_item, blocks[0])

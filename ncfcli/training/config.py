@@ -48,6 +48,7 @@ from ncfcli.training.defaults import first_tier, size_defaults, small_data_batch
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
+SPARSE_TABLES = ("auto", "on", "off")  # `--sparse-tables`: ncfcli/training/tables.py
 SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/training/shard.py
 # The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch;
 # a slower power with the order term, no warm-up (docs/training-defaults.md, "Large batches").
@@ -339,6 +340,23 @@ class TrainConfig:
         shown="the whole batch",
         check=AT_LEAST_1,
         refit_own=True,
+    )
+    sparse_tables: str | None = opt(
+        None,
+        "on: tables train only the rows a step reads (lazy Adam); auto: past 1 GiB.",
+        OPTIM,
+        shown="auto",
+        parse=lambda v: None if v == "auto" else v,  # auto is the default: a resume keeps it
+        check=one_of(SPARSE_TABLES),
+        legacy="off",
+        fixed="the optimizer's state is kept in that form",
+    )
+    max_steps: int | None = opt(
+        None,
+        "Stop after N steps in all; that epoch is scored and saved.",
+        OPTIM,
+        shown="every epoch's",
+        check=AT_LEAST_1,
     )
     eval_batch: int | None = opt(
         None,

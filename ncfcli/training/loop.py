@@ -118,6 +118,7 @@ class _Totals:
     samples: int = 0
     trained: int = 0  # epochs
     stopped_early: bool = False
+    stopped_by: str = ""
 
 
 def run_training(
@@ -170,16 +171,16 @@ def run_training(
             backend.synchronize_stream()
             seconds = time.perf_counter() - t0
             totals.seconds += seconds
-            done_samples = (ep.n_steps - ep.first) * s.local_batch * env.world_size
-            totals.samples += min(done_samples, ep.global_samples)
+            totals.samples += ep.done
             loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
             ep.loss, ep.seconds = loss_total / max(n_seen, 1.0), seconds
             scores = _end_epoch(s, epoch, ep, run_log, bar, hooks.score_test)
             totals.trained += 1
             del batches  # its views keep the epoch's arrays alive
             # None: not a scored epoch (--eval-every)
-            if scores is not None and _stops(s, epoch, scores, hooks):
-                totals.stopped_early = epoch < cfg.epochs
+            if ep.truncated or (scores is not None and _stops(s, epoch, scores, hooks)):
+                totals.stopped_early = epoch < cfg.epochs or ep.truncated
+                totals.stopped_by = "--max-steps" if ep.truncated else "--target-hr"
                 break
         if hooks.score_test:
             _score_chosen(s, run_log)
@@ -212,6 +213,10 @@ class _Epoch:
     lr_now: float | None = None
     loss: float = 0.0  # its mean training loss, over all ranks
     seconds: float = 0.0  # building its samples and its steps
+    last: int = 0  # the step it ended at: n_steps, or fewer where --max-steps ended it
+    truncated: bool = False  # --max-steps ended it (and the run)
+
+    done: int = 0  # the samples of all ranks its steps trained (from `first`)
 
 
 def build_epoch(sampler: NegativeSampler | StreamSampler, epoch: int, batch_size: int) -> Any:
@@ -239,6 +244,11 @@ def epoch_steps(
     step = first
     dropout_base = seed_for(cfg.seed or 0, epoch, env.rank)
     stepper = Stepper(s.ddp, s.model, s.amp_ctx, s.scaler, float(cfg.l2 or 0.0), cfg.micro_batch)
+    if cfg.max_steps is not None and (epoch - 1) * n_steps + first >= cfg.max_steps:
+        raise NcfError(
+            f"--max-steps {cfg.max_steps} is behind this run: epoch {epoch} starts at step "
+            f"{(epoch - 1) * n_steps + first} (an epoch --max-steps ended counts as done)"
+        )
     for users, items, labels, weights, prev in batches.batches(first):
         if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
             seed_dropout(s.device, dropout_base, step)
@@ -267,6 +277,11 @@ def epoch_steps(
             bar.update(task, loss=f"{mean:.3f}")
         if stop:
             _interrupted(s, epoch, step, n_steps, (loss_total, n_seen))
+        if cfg.max_steps is not None and (epoch - 1) * n_steps + step >= cfg.max_steps:
+            ep.truncated = True  # on every rank at the same step: they step together
+            break
+    ep.last = step
+    ep.done = min(global_samples, step * s.local_batch * env.world_size) - done
     return ep
 
 
@@ -311,7 +326,7 @@ def _end_epoch(
     beforehand) scores the test set at its last epoch only."""
     cfg = s.cfg
     assert cfg.eval_batch is not None and cfg.epochs is not None
-    last = epoch == cfg.epochs
+    last = epoch == cfg.epochs or ep.truncated
     scored = last or epoch % (cfg.eval_every or 1) == 0
     if s.select == "last":
         scored = last
@@ -322,7 +337,7 @@ def _end_epoch(
         "validation": None,
         "test": None,
         "train_seconds": ep.seconds,
-        "samples_per_second": ep.global_samples / max(ep.seconds, 1e-9),
+        "samples_per_second": ep.done / max(ep.seconds, 1e-9),
         "lr": ep.lr_first,
         "lr_end": ep.lr_now,
     }
@@ -340,7 +355,10 @@ def _end_epoch(
         if improved:
             s.best = {"epoch": epoch, "selected_by": s.select, "test": None, **scores}
             if choose != "test" and score_test:  # its test figures: read after training
-                s.best_weights = _host_copy(s.model)
+                # The last epoch's are the model's own until then: no copy (at MLPerf's size
+                # a copy is the tables again).
+                s.best_weights = None if last else _host_copy(s.model)
+                s.best_live = last
     s.history.append(record)
     if s.env.is_main:
         save_epoch(s, epoch, improved, run_log)
@@ -365,8 +383,9 @@ def _score_chosen(s: Session, run_log: RunLog) -> None:
     best = s.best
     if s.select != "validation" or best is None or best.get("test") is not None:
         return
+    assert s.cfg.eval_batch is not None
     weights = s.best_weights
-    if weights is None:  # chosen before this invocation
+    if weights is None and not s.best_live:  # chosen before this invocation
         kept = load_checkpoint(s.run_dir / BEST)
         if kept.get("epoch") != best["epoch"]:
             raise NcfError(
@@ -375,11 +394,12 @@ def _score_chosen(s: Session, run_log: RunLog) -> None:
                 "by hand; train it again into a new --out"
             )
         weights = kept["model"]
-    assert s.cfg.eval_batch is not None
-    now = _host_copy(s.model)
-    s.model.load_state_dict(weights)
+    now = _host_copy(s.model) if weights is not None else None  # None: the model's own
+    if weights is not None:
+        s.model.load_state_dict(weights)
     best["test"] = evaluation.score_split(s.model, s.eval_sets, "test", s.env, s.cfg.eval_batch)
-    s.model.load_state_dict(now)
+    if now is not None:
+        s.model.load_state_dict(now)
     for row in s.history:
         if row["epoch"] == best["epoch"]:
             row["test"] = best["test"]
@@ -408,6 +428,8 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         seconds=time.perf_counter() - t_start,
         trained_epochs=totals.trained,
         stopped_early=totals.stopped_early,
+        stopped_by=totals.stopped_by if totals.stopped_early else "",
+        tables=s.tables_note,
         parameters=s.n_params,
         device=s.backend.describe(),
         world_size=s.env.world_size,

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from ncfcli.backend import Backend
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import DistEnv
+from ncfcli.training import tables
 from ncfcli.training.config import TrainConfig
 
 
@@ -135,14 +137,27 @@ def make_optimizer(
     model: torch.nn.Module,
     cfg: TrainConfig,
     backend: Backend,
-    device: torch.device,
+    env: DistEnv,
     amp_dtype: torch.dtype | None,
-) -> tuple[Any, torch.amp.GradScaler]:
+) -> tuple[Any, torch.amp.GradScaler, str]:
     """Adam over the model's parameters (torch's fused one on a GPU or with fp16 loss scaling,
-    else `CpuAdam`), and the loss scaler (enabled for fp16 only)."""
+    else `CpuAdam`), with its embedding tables row-sparse where --sparse-tables says so
+    (tables.py: then the tables' lazy Adam beside it); the loss scaler (enabled for fp16 only);
+    and what the tables are, with why, for the run's summary."""
     assert cfg.lr is not None  # resolved
     betas = (float(cfg.beta1), float(cfg.beta2))  # type: ignore[arg-type]
+    device = torch.device(backend.torch_device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    sparse, why = tables.decide(cfg.sparse_tables, model)
+    if sparse and scaler.is_enabled():
+        raise NcfError(
+            f"row-sparse tables ({why}) do not run with fp16 loss scaling; use --amp-dtype "
+            "bf16, or --sparse-tables off"
+        )
+    rows = None
+    if sparse:  # before the dense groups: the tables then have requires_grad False
+        eps = float(cfg.eps or 1e-8)
+        rows = tables.TableAdam(tables.tables_of(model), cfg.lr, betas, eps, env)
     groups = param_groups(model)
     optimizer: Any
     if backend.is_cuda or scaler.is_enabled():
@@ -155,7 +170,9 @@ def make_optimizer(
         )
     else:
         optimizer = CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
-    return optimizer, scaler
+    if rows is not None:
+        return tables.WithTables(optimizer, rows), scaler, f"row-sparse ({why})"
+    return optimizer, scaler, f"dense ({why})"
 
 
 # The sequence term's lr, a fraction of the run's: its Transformer overfits at MF's lr. On
@@ -167,10 +184,11 @@ SEQUENCE_LR_SCALE = 0.25
 def param_groups(model: torch.nn.Module) -> list[tuple[list[Any], float]]:
     """(parameters, lr scale) per Adam param group: the model's, then a sequence term's own."""
     sequence = getattr(model, "sequence", None)
+    live = [p for p in model.parameters() if p.requires_grad]  # not row-sparse tables
     if sequence is None:
-        return [(list(model.parameters()), 1.0)]
+        return [(live, 1.0)]
     own = {id(p) for p in sequence.parameters()}
-    rest = [p for p in model.parameters() if id(p) not in own]
+    rest = [p for p in live if id(p) not in own]
     return [(rest, 1.0), (list(sequence.parameters()), SEQUENCE_LR_SCALE)]
 
 

@@ -44,6 +44,8 @@ class TrainResult:
     device: str
     world_size: int
     peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
+    stopped_by: str = ""  # the option that stopped it early: "--target-hr", "--max-steps"
+    tables: str = "dense"  # row-sparse or dense embedding tables, and why (training/tables.py)
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran
     # The optional terms' sizes the run trained with, 0 where off (ModelConfig.terms: the order
@@ -67,7 +69,10 @@ class TrainResult:
             "seconds": self.seconds,
             "recency_weight": self.recency_weight,
             **self.terms,
+            "tables": self.tables,
         }
+        if self.stopped_by:
+            out["stopped_by"] = self.stopped_by
         if self.sequence_note:
             out["sequence_note"] = self.sequence_note
         if self.shard is not None and self.world_size > 1:  # one process: nothing to lay out
@@ -141,7 +146,7 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
     cfg, env, run_dir = s.cfg, s.env, s.run_dir
     if env.is_main:
         s.made_run_dir = record.make_run_dir(run_dir, s.replace_run)
-        extra: dict[str, Any] = {"resumes": s.resumes, "shard": s.shard}
+        extra: dict[str, Any] = {"resumes": s.resumes, "shard": s.shard, "tables": s.tables_note}
         if s.probed is not None:
             extra["recency_probe"] = s.probed.to_dict()
         if s.sequence_note:
@@ -163,6 +168,9 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
             f"training rows per rank {rows}",
             highlight=False,
         )
+    if s.tables_note.startswith("row-sparse") and env.is_main and progress is not None:
+        if not progress.disable:
+            progress.console.print(f"tables: {s.tables_note}", highlight=False)
     return run_log
 
 

@@ -56,9 +56,11 @@ class Session:
     history: list[dict[str, Any]] = field(default_factory=list)  # one record per epoch
     best: dict[str, Any] | None = None
     best_weights: dict[str, torch.Tensor] | None = None  # its host copy, chosen by this invocation
+    best_live: bool = False  # it is the last epoch's: the model holds its weights (no copy)
     sequences: SequenceBatches | None = None  # the sequence term's batches (data/sequences.py)
     calibration: tuple[torch.Tensor, torch.Tensor] | None = None  # its users and windows
     sequence_note: str | None = None  # why its window is not the one asked for (start.py)
+    tables_note: str = "dense"  # row-sparse or dense tables, and why (optim.make_optimizer)
     made_run_dir: bool = False  # this invocation created run_dir (run.open_run_dir)
 
     def amp_ctx(self) -> Any:

@@ -39,7 +39,7 @@ from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model, count_parameters
 from ncfcli.rundir import checkpoint as ckpt
 from ncfcli.rundir.record import check_run_dir
-from ncfcli.training import recency
+from ncfcli.training import recency, tables
 from ncfcli.training.config import (
     PROBED,
     SHARD_SEQUENCE,
@@ -128,7 +128,7 @@ def _session(
     if not resumed and (cfg.pretrained_gmf or cfg.pretrained_mlp):
         load_pretrained(model, cfg, data)
     n_params = count_parameters(model)
-    optimizer, scaler = make_optimizer(model, cfg, backend, device, amp_dtype)
+    optimizer, scaler, tables_note = make_optimizer(model, cfg, backend, env, amp_dtype)
     layout = facts["layout"]
     restored = {}
     if resumed:
@@ -163,6 +163,7 @@ def _session(
         ddp=ddp,
         optimizer=optimizer,
         scaler=scaler,
+        tables_note=tables_note,
         n_params=n_params,
         sampler=sampler,
         local_batch=local_batch,
@@ -372,6 +373,8 @@ def _restore(
     model, optimizer, scaler = into
     model.load_state_dict(resumed["model"])
     if "optimizer" in resumed:
+        if not isinstance(optimizer, tables.WithTables):
+            tables.check_dense(resumed["optimizer"])
         optimizer.load_state_dict(resumed["optimizer"])
     if resumed.get("scaler"):
         scaler.load_state_dict(resumed["scaler"])

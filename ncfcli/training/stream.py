@@ -51,7 +51,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import EpochBatches, KeyedPermutation, NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.layout import TRAIN_COLUMNS
-from ncfcli.data.store import read_bucket, read_meta
+from ncfcli.data.store import load_held_out, read_bucket, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training import recency
@@ -110,27 +110,8 @@ class BucketReader:
 
 def open_shard(path: str | os.PathLike, backend: Backend, buckets: list[int]) -> PreparedData:
     """A streamed shard's resident view: its users' held-out sets and each user's latest
-    training positive (`latest_only`), every bucket checked against meta.json's sha256 once."""
-    path = Path(path)
-    meta = read_meta(path)
-    entries = meta["buckets"]
-    chosen = sorted(set(buckets))
-    if not chosen or not 0 <= chosen[0] <= chosen[-1] < len(entries):
-        raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
-    pieces: dict[str, list[np.ndarray]] = {}
-    for b in chosen:
-        bucket = read_bucket(path, meta, b)
-        latest = bucket["train_age"] == 0 if "train_age" in bucket else slice(0, 0)
-        for name, a in bucket.items():
-            kept = a[latest] if name in TRAIN_COLUMNS else np.array(a)
-            pieces.setdefault(name, []).append(kept)
-        del bucket
-    arrays: dict[str, Any] = {}
-    for name, parts in pieces.items():
-        arrays[name] = backend.asarray(np.concatenate(parts))
-    users = np.concatenate([np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen])
-    arrays["test_users"] = backend.asarray(users)
-    return PreparedData(path=path, meta=meta, shard=tuple(chosen), latest_only=True, **arrays)
+    training positive (data/store.load_held_out)."""
+    return load_held_out(path, backend, buckets)
 
 
 def rank_rows(data: PreparedData) -> int:
