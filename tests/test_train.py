@@ -74,7 +74,9 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
         "order_factors",
         "sequence_length",
         "select_metric",
+        "tables",
     }
+    assert out["tables"].startswith("dense (auto: the tables take ")  # tiny tables: dense
     assert (out["selected_by"], out["dataset_split"]) == ("validation", "time")
     assert out["select_metric"] == "hr@10"
     assert set(out["metrics"]) == set(out["validation"]) == {"hr@10", "ndcg@10"}
