@@ -49,13 +49,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 from _common import MISSED, machine, ncf_env, verdict
-from bench_scale import run_prepare
+from bench_scale import run_prepare, run_sampled
 
 FULL_ROWS = 1_223_962_043
 TARGETS = {"wall_s": 30 * 60, "peak_rss_gib": 8.0, "disk_gb": 40.0}
@@ -237,38 +236,24 @@ def prepare_checks(a: argparse.Namespace, work: Path) -> bool:
 
 def train(data: Path, run: Path, steps: int, batch: int) -> dict:
     """One `ncf train` (TRAIN_MODEL, --max-steps): its JSON, wall seconds and the peak resident
-    bytes of each of its processes (pid -> (command's last words, peak))."""
+    bytes of each of its processes (pid -> peak: the launcher and each rank)."""
     import psutil
 
     cmd = [sys.executable, "-m", "ncfcli", "train", str(data), "--out", str(run), *TRAIN_MODEL,
            "--batch-size", str(batch), "--max-steps", str(steps), "--json", "-q"]  # fmt: skip
-    t0 = time.perf_counter()
-    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=ncf_env())  # fmt: skip
     peaks: dict[int, int] = {}
-    done = threading.Event()
 
-    def sample() -> None:
-        while not done.is_set():
-            try:
-                procs = [psutil.Process(child.pid), *psutil.Process(child.pid).children(True)]
-            except psutil.NoSuchProcess:
-                procs = []
-            for p in procs:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
-            time.sleep(0.2)
+    def per_process(root: int, seconds: float) -> None:
+        try:
+            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr = child.communicate()
-    done.set()
-    sampler.join()
-    if child.returncode != 0:
-        last = (stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
-        sys.exit(f"error: {' '.join(cmd)} failed: {last}")
-    report = json.loads(stdout[stdout.index("{") :])
-    return {"wall_s": time.perf_counter() - t0, "peaks": peaks, "report": report}
+    stdout, wall, _ = run_sampled(cmd, per_process)
+    return {"wall_s": wall, "peaks": peaks, "report": json.loads(stdout[stdout.index("{") :])}
 
 
 def train_checks(a: argparse.Namespace, data: Path, work: Path) -> bool:

@@ -67,6 +67,15 @@ def run_prepare(args: list[str], out: Path,
     `every(pid, seconds since the start)` is called at each 0.1 s sample too."""
     cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
            "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
+    stdout, wall, peak = run_sampled(cmd, every)
+    return {"wall_s": wall, "peak_rss": peak, "report": json.loads(stdout.strip().splitlines()[-1])}
+
+
+def run_sampled(cmd: list[str],
+                every: Callable[[int, float], None] | None = None) -> tuple[str, float, int]:  # fmt: skip
+    """Run `cmd` (ncf's environment) to the end: (its stdout, wall seconds, the peak of its and
+    its descendants' summed resident memory, sampled every 0.1 s, when `every(pid, seconds
+    since the start)` is called too); a failure exits with its last line."""
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=ncf_env())  # fmt: skip
@@ -89,8 +98,7 @@ def run_prepare(args: list[str], out: Path,
     if child.returncode != 0:
         last = (stderr.strip().splitlines() or [f"exit code {child.returncode}"])[-1]
         sys.exit(f"error: {' '.join(cmd)} failed: {last}")
-    report = json.loads(stdout.strip().splitlines()[-1])
-    return {"wall_s": wall, "peak_rss": peak[0], "report": report}
+    return stdout, wall, peak[0]
 
 
 def shape(scale: float) -> tuple[int, int, int]:

@@ -25,7 +25,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.engines import memory as memory_engine
 from ncfcli.data.layout import AGE_ARRAY, ARRAYS, VALID_ARRAYS
 from ncfcli.data.raw import RawInteractions
-from ncfcli.data.store import load_prepared, read_meta
+from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
 from ncfcli.launch.environment import DistEnv
 from ncfcli.serve.evaluation import EvalConfig, evaluate
@@ -290,7 +290,7 @@ def test_a_streamed_shard_under_cupy_rules_gives_numpys_epoch(prepared: dict[str
     env = DistEnv(rank=0, world_size=2)
 
     def epoch(backend: Backend) -> list[np.ndarray]:
-        view = stream.open_shard(path, backend, buckets)
+        view = load_held_out(path, backend, buckets)
         common = stream.rank_rows(view) * 4 + 11
         s = stream.StreamSampler(view, backend, 3, common=common, seed=1, env=env,
                                  order=True, k=1)  # fmt: skip

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from ncfcli.backend import get_backend
 from ncfcli.cli import app
 from ncfcli.data.batches import NegativeSampler
-from ncfcli.data.store import load_prepared, read_meta
+from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training import recency, shard, stream
@@ -52,7 +52,7 @@ def mine(data_dir: Path) -> list[int]:
 
 
 def streamed(data_dir: Path, k: int, extra: int = 0, **kw: object) -> stream.StreamSampler:
-    view = stream.open_shard(data_dir, CPU, mine(data_dir))
+    view = load_held_out(data_dir, CPU, mine(data_dir))
     own = stream.rank_rows(view) * 5
     return stream.StreamSampler(view, CPU, 4, common=own + extra, seed=2, env=RANK, k=k, **kw)  # type: ignore[arg-type]
 
@@ -126,7 +126,7 @@ def test_an_epoch_trains_every_row_of_its_buckets_a_window_at_a_time(
 
 
 def test_a_refit_streams_its_validation_rows_as_training_rows(data_dir: Path) -> None:
-    view = stream.open_shard(data_dir, CPU, mine(data_dir)).merge_validation(np)
+    view = load_held_out(data_dir, CPU, mine(data_dir)).merge_validation(np)
     s = stream.StreamSampler(view, CPU, 4, common=stream.rank_rows(view) * 5, env=RANK, k=1)
     users, items, labels = columns(list(s.epoch(1, 64)))
     resident = load_prepared(data_dir, CPU, buckets=mine(data_dir)).merge_validation(np)
@@ -168,7 +168,7 @@ def test_a_resumed_epoch_skips_its_trained_steps_without_reading_them(
 
 
 def test_the_resident_view_holds_held_out_sets_and_the_latest_rows(data_dir: Path) -> None:
-    view = stream.open_shard(data_dir, CPU, mine(data_dir))
+    view = load_held_out(data_dir, CPU, mine(data_dir))
     resident = load_prepared(data_dir, CPU, buckets=mine(data_dir))
     whole = load_prepared(data_dir, CPU)
     for name in ("test_items", "test_negatives", "valid_users", "valid_items", "test_users"):

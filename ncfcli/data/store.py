@@ -120,6 +120,17 @@ def read_bucket(
     return out
 
 
+def _chosen(path: Path, entries: list[Any], buckets: list[int] | None, empty: bool) -> list[int]:
+    """The buckets to read, sorted (all where `buckets` is None), each one of the dataset's;
+    none chosen is refused unless `empty`."""
+    chosen = list(range(len(entries))) if buckets is None else sorted(set(buckets))
+    if not chosen and empty:
+        return chosen
+    if not chosen or not 0 <= chosen[0] <= chosen[-1] < len(entries):
+        raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
+    return chosen
+
+
 def load_held_out(
     path: str | os.PathLike, backend: Any, buckets: list[int] | None = None
 ) -> PreparedData:
@@ -131,9 +142,7 @@ def load_held_out(
     path = Path(path)
     meta = read_meta(path)
     entries = meta["buckets"]
-    chosen = list(range(len(entries))) if buckets is None else sorted(set(buckets))
-    if not chosen or not 0 <= chosen[0] <= chosen[-1] < len(entries):
-        raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
+    chosen = _chosen(path, entries, buckets, empty=False)
     pieces: dict[str, list[np.ndarray]] = {}
     for b in chosen:
         bucket = read_bucket(path, meta, b)
@@ -176,9 +185,7 @@ def load_prepared(
     if meta["n_items"] <= 0 or meta["n_users"] <= 0:
         raise NcfError(f"{path}: meta.json declares an empty dataset")
     entries = meta["buckets"]
-    chosen = list(range(len(entries))) if buckets is None else sorted(set(buckets))
-    if chosen and not 0 <= chosen[0] <= chosen[-1] < len(entries):
-        raise NcfError(f"{path} has buckets 0 to {len(entries) - 1}, not {chosen}")
+    chosen = _chosen(path, entries, buckets, empty=True)
     pieces: dict[str, list[np.ndarray]] = {name: [] for name in array_names(meta)}
     digest = ArrayDigest() if buckets is None else None
     for b in chosen:

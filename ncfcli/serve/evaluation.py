@@ -30,6 +30,7 @@ from ncfcli.data.store import load_held_out, load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
+from ncfcli.model.config import ModelConfig
 from ncfcli.rundir import eval_record
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring import metrics
@@ -181,10 +182,9 @@ def run_eval(run_dir: str | Path, cfg: EvalConfig, device: str = "auto") -> Eval
     run = load_run(run_dir, backend.torch_device, cfg.checkpoint)
     # Sampled scoring without a sequence term reads no training row but the latest: at
     # MLPerf's 1.22B rows the whole dataset (14.7 GB of rows) did not fit beside the model.
-    # (NCF models; a baseline's config has no `uses_sequence`: it loads the dataset as before)
-    held_out_only = (
-        not cfg.full_ranking and getattr(run.model_config, "uses_sequence", True) is False
-    )
+    # NCF models only: a baseline loads the dataset as before.
+    ncf_model = isinstance(run.model_config, ModelConfig)
+    held_out_only = ncf_model and not cfg.full_ranking and not run.model_config.uses_sequence
     data, note = resolve_data(run, cfg.data, backend, held_out_only)
     result = evaluate(run, data, cfg, backend)
     saved, why = eval_record.save(run.path, eval_record.rows_for(result, cfg.protocol, run, data))

@@ -213,9 +213,7 @@ class _Epoch:
     lr_now: float | None = None
     loss: float = 0.0  # its mean training loss, over all ranks
     seconds: float = 0.0  # building its samples and its steps
-    last: int = 0  # the step it ended at: n_steps, or fewer where --max-steps ended it
     truncated: bool = False  # --max-steps ended it (and the run)
-
     done: int = 0  # the samples of all ranks its steps trained (from `first`)
 
 
@@ -280,7 +278,6 @@ def epoch_steps(
         if cfg.max_steps is not None and (epoch - 1) * n_steps + step >= cfg.max_steps:
             ep.truncated = True  # on every rank at the same step: they step together
             break
-    ep.last = step
     ep.done = min(global_samples, step * s.local_batch * env.world_size) - done
     return ep
 

@@ -168,9 +168,9 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
             f"training rows per rank {rows}",
             highlight=False,
         )
-    if s.tables_note.startswith("row-sparse") and env.is_main and progress is not None:
-        if not progress.disable:
-            progress.console.print(f"tables: {s.tables_note}", highlight=False)
+    sparse = s.tables_note.startswith("row-sparse")
+    if sparse and env.is_main and progress is not None and not progress.disable:
+        progress.console.print(f"tables: {s.tables_note}", highlight=False)
     return run_log
 
 

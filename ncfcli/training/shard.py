@@ -25,13 +25,13 @@ from typing import Any
 
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
-from ncfcli.data.store import load_prepared, read_meta
+from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import size_defaults
-from ncfcli.training.stream import open_shard, rank_rows, window_buckets
+from ncfcli.training.stream import rank_rows, window_buckets
 from ncfcli.ui import memory_size
 
 SHARE = 0.5  # of the free memory a rank may plan to fill with the data and its epochs
@@ -145,7 +145,7 @@ def load(
     layout = choose(cfg, read_meta(cfg.data_dir), env, backend)
     if not layout.sharded:
         return load_prepared(cfg.data_dir, backend), layout
-    return open_shard(cfg.data_dir, backend, list(layout.buckets[env.rank])), layout
+    return load_held_out(cfg.data_dir, backend, list(layout.buckets[env.rank])), layout
 
 
 def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dict[str, Any]:

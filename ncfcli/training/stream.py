@@ -3,7 +3,7 @@ memory is a few buckets plus the model, whatever the dataset's size.
 
     NCF_STREAM_BUCKETS=4 ncf train DATA --nproc 2 --shard users
 
-What a rank holds for the whole run (`open_shard`): its users' held-out items and negatives
+What a rank holds for the whole run (data/store.load_held_out): its users' held-out items and negatives
 (test, validation) and each user's latest training positive (the order term's context at
 evaluation), about (eval negatives + 3) x 4 B a user. Its training rows are read from the
 buckets' Parquet parts in turn each epoch, a window of K buckets at a time (K from
@@ -51,7 +51,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import EpochBatches, KeyedPermutation, NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.layout import TRAIN_COLUMNS
-from ncfcli.data.store import load_held_out, read_bucket, read_meta
+from ncfcli.data.store import read_bucket, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training import recency
@@ -108,12 +108,6 @@ class BucketReader:
             self.live -= n_buckets
 
 
-def open_shard(path: str | os.PathLike, backend: Backend, buckets: list[int]) -> PreparedData:
-    """A streamed shard's resident view: its users' held-out sets and each user's latest
-    training positive (data/store.load_held_out)."""
-    return load_held_out(path, backend, buckets)
-
-
 def rank_rows(data: PreparedData) -> int:
     """The training positives a streamed shard trains on (with --refit, its validation too)."""
     entries = [data.meta["buckets"][b] for b in data.shard or ()]
@@ -126,7 +120,7 @@ class StreamSampler:
     """Builds a streamed shard's epochs (the module docstring): NegativeSampler's interface
     (`epoch`, `samples_per_epoch`, `backend`) over windows of buckets read in turn."""
 
-    data: PreparedData  # the resident view (open_shard), possibly merged (--refit)
+    data: PreparedData  # the resident view (store.load_held_out), possibly merged (--refit)
     backend: Backend
     neg_per_pos: int
     common: int  # samples every rank trains an epoch
