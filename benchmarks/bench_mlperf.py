@@ -3,6 +3,7 @@
     python benchmarks/bench_mlperf.py                                   # 1.22B rows (~30 min)
     python benchmarks/bench_mlperf.py --rows 60000000                   # the same shape, scaled
     python benchmarks/bench_mlperf.py --rows 120000000 --kill-after 0.5 # and a worker killed
+    python benchmarks/bench_mlperf.py --rows 120000000 --interrupt-at 0.5  # Ctrl-C, rerun
     python benchmarks/bench_mlperf.py --test-check 2000000 --skip-prepare
 
 `--preset ml-20mx16x32` is MLPerf's ml-20mx16x32 (2,197,225 users, 855,776 items,
@@ -15,12 +16,16 @@ Each step is its own process, as a user runs it:
    nannies, the workers) sampled every 0.1 s and summed; the bytes the workers spilled (its
    JSON report, counted each time a piece is spilled); the dataset's size, and the peak of
    the disk space used meanwhile (the filesystem's, over its use at the start: the pieces
-   the workers spilled included); rows/s is the generated rows over the wall.
+   the workers spilled included); rows/s is the generated rows over the wall; each stage's
+   wall (read, filter and index: the shuffle, split and write), from its JSON report.
 2. `ncf inspect` of the dataset, which reads every file back against the sha256 meta.json
    records and the arrays against array_sha256 (the digest check), timed.
 3. `--kill-after F`: the same prepare again with the largest worker process killed (SIGKILL,
    as the OS's OOM killer does) F x the first run's wall into the run; its nanny starts a new
    one and Dask recomputes what the dead one held. The two fingerprints must be equal.
+4. `--interrupt-at F`: the same prepare again, sent SIGINT (a Ctrl-C) once F of its buckets
+   are written (recorded in the partial folder beside --out), then the same command once more:
+   it must reuse the kept buckets and write the first run's fingerprint; both walls printed.
 5. `--train-steps N` (default 2000): `ncf train` on that dataset with `--nproc 2 --shard users`
    and MLPerf's model (NeuMF, 64 factors, MLP 256-256-128-64; TRAIN_MODEL), `--max-steps N`:
    its samples/s (the run's own: samples over the seconds of its steps and of building their
@@ -28,7 +33,7 @@ Each step is its own process, as a user runs it:
    every 0.2 s), and `ncf eval` of its checkpoint, timed. The same model and steps on an
    ml-20m-shaped synthetic dataset (`--preset ml-20m`, the memory engine) give the samples/s
    it is compared with. `--data DIR` trains on a dataset already prepared (no prepare).
-4. `--test-check N`: a CSV of N rows (20,000 users, 10,000 items, seeded) and a test file of
+6. `--test-check N`: a CSV of N rows (20,000 users, 10,000 items, seeded) and a test file of
    one (user, item) a user, MLPerf's protocol (`--split random --test FILE --eval-negatives
    999`), prepared by the memory engine and by the Dask engine: the fingerprints must be equal.
 
@@ -103,6 +108,41 @@ def _kill_largest_worker(root: int) -> str:
     return f"pid {victim.pid} ({rss / 2**30:.2f} GiB resident)"
 
 
+def stop_and_rerun(args: list[str], out: Path, at: float) -> bool:
+    """--interrupt-at: the prepare in `out` again, SIGINT once `at` of its buckets are recorded,
+    then the same command: it must reuse them and write `out`'s fingerprint."""
+    first = _fingerprint(out)
+    shutil.rmtree(out)
+    cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
+           "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
+    records = out.parent / f".{out.name}.tmp-partial" / ".resume"
+    t0 = time.perf_counter()
+    # SIGINT as a terminal's process has it, even where this bench runs with it ignored
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=ncf_env(),
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    while child.poll() is None:
+        with contextlib.suppress(OSError, ValueError):
+            n = json.loads((records / "key.json").read_text())["n_buckets"]
+            if len(list(records.glob("[0-9]*.json"))) >= at * n:
+                child.send_signal(signal.SIGINT)
+                break
+        time.sleep(0.2)
+    _, err = child.communicate()
+    said = (err.strip().splitlines() or [""])[-1]
+    print(f"stopped by SIGINT at {time.perf_counter() - t0:.1f} s (exit code "
+          f"{child.returncode}): {said}", flush=True)  # fmt: skip
+    r = run_prepare(args, out)
+    reused = (r["report"].get("dask") or {}).get("reused_buckets", 0)
+    n_buckets = r["report"].get("n_buckets")
+    same = _fingerprint(out) == first
+    print(f"the same command again: {r['wall_s']:.1f} s, {reused} of {n_buckets} buckets reused, "
+          f"fingerprint {_fingerprint(out)} against {first}", flush=True)  # fmt: skip
+    ok = child.returncode == 130 and reused > 0 and same
+    print(verdict(ok, "a stopped run's rerun reuses its buckets, the same fingerprint"))
+    return ok
+
+
 def disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -162,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-limit", help="per worker (default: ncf's, RAM / workers)")
     ap.add_argument("--kill-after", type=float, metavar="F",
                     help="run again, killing a worker F x the first run's wall in")  # fmt: skip
+    ap.add_argument("--interrupt-at", type=float, metavar="F",
+                    help="run again, Ctrl-C once F of the buckets are written, rerun")  # fmt: skip
     ap.add_argument("--test-check", type=int, metavar="ROWS", help="the --test check's rows")
     ap.add_argument("--skip-prepare", action="store_true", help="only the --test check")
     ap.add_argument("--train-steps", type=int, default=2000, help="0: no training")
@@ -209,6 +251,8 @@ def prepare_checks(a: argparse.Namespace, work: Path) -> bool:
           f" GiB, {disk_bytes(out) / 1e9:.1f} GB written ({figures['disk_gb']:.1f} GB at the "
           f"peak, spilled pieces included), {r['report'].get('n_buckets')} buckets, "
           f"{r['report'].get('n_train'):,} training rows", flush=True)  # fmt: skip
+    stages = r["report"].get("stage_seconds") or {}
+    print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()), flush=True)
     passed, seconds, line = inspect(out)
     print(f"ncf inspect (digest check): {'passed' if passed else 'FAILED: ' + line}, "
           f"{seconds:.1f} s", flush=True)  # fmt: skip
@@ -228,6 +272,8 @@ def prepare_checks(a: argparse.Namespace, work: Path) -> bool:
               flush=True)  # fmt: skip
         ok &= same and bool(k["killed"])
         print(verdict(same and bool(k["killed"]), "a killed worker's run, the same fingerprint"))
+    if a.interrupt_at is not None:
+        ok &= stop_and_rerun(args, out, a.interrupt_at)
     if a.train_steps:
         ok &= train_checks(a, out, work)
     shutil.rmtree(out, ignore_errors=True)

@@ -28,9 +28,9 @@
 #                run, CuPy's kernels cached: target <= 2 s on a GPU), peak GPU memory
 #   prepare-cpu  the same file on this machine's CPUs, for comparison
 #   prepare-dask the same file on the Dask engine (on a GPU: dask_cuda.LocalCUDACluster, one
-#                worker per GPU: blocks parsed on the host, each bucket split with CuPy; no
-#                cuDF partitions, no RMM pool); fails unless the dataset's fingerprint is the
-#                memory engine's; on a GPU without dask-cuda, SKIPPED
+#                worker per GPU with an RMM pool: each block parsed by cuDF on the GPU, its
+#                summary, cut, dedup and split in CuPy; issue 35); fails unless the dataset's
+#                fingerprint is the memory engine's; on a GPU without dask-cuda, SKIPPED
 #   train-tf32, train-amp
 #                NVIDIA's model and batch (2^20), verified negatives: samples/s per epoch
 #                (target >= 102M, a 99M-sample epoch in < 1 s; NVIDIA 1x A100: 22.6M TF32,
@@ -216,8 +216,9 @@ if [ "$DEV" != cpu ] && step prepare-cpu "$PY" benchmarks/bench_prepare.py --siz
   grep -E "^wall" "$OUT_DIR/prepare-cpu.out" | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
-# The Dask engine (LocalCUDACluster with --device cuda: CuPy splits, host parsing) on the same CSV: the
-# dataset must be the memory engine's (same fingerprint), or the step fails.
+# The Dask engine (LocalCUDACluster with --device cuda: cuDF parses each block, CuPy cuts, dedups
+# and splits) on the same CSV: the dataset must be the memory engine's (same fingerprint), or the
+# step fails.
 CSV="$WORK/ratings-$SIZE-seed0.csv"
 if [ "$DEV" = cuda ] && ! "$PY" -c "import dask_cuda" >/dev/null 2>&1; then
   absent prepare-dask "dask-cuda is not installed, so no Dask worker runs on a GPU (pip install 'ncfcli[dask-gpu]')"

@@ -137,6 +137,11 @@ def cudf_installed() -> bool:
     return importlib.util.find_spec("cudf") is not None
 
 
+def rmm_installed() -> bool:
+    """Whether RMM is installed (found, not imported): dask-cuda's workers need it for a pool."""
+    return importlib.util.find_spec("rmm") is not None
+
+
 @functools.cache
 def _cudf() -> ModuleType | None:
     cp = cupy_module()
@@ -430,12 +435,15 @@ def get_backend(device: str = "auto", device_index: int = 0) -> Backend:
 
 
 def array_backend(device: str) -> Backend:
-    """The arrays alone, for a Dask worker's task (engine_dask.split_write): NumPy, or CuPy on
-    the worker's one visible GPU (dask-cuda pins each worker with CUDA_VISIBLE_DEVICES).
+    """The arrays (and frames) alone, for a Dask worker's tasks (data/blocks.py's read,
+    engines/dask_tasks.py's summary, cut, dedup and split): NumPy, or CuPy on the worker's one
+    visible GPU (dask-cuda pins each worker with CUDA_VISIBLE_DEVICES), where its
+    `frame_library` is cuDF when cuDF is installed.
 
     Unlike get_backend it neither imports torch (a few hundred MB of host memory in every
-    worker, whose --memory-limit is small) nor sets up RMM for torch: the task only sorts,
-    splits and draws with CuPy, from CuPy's own pool."""
+    worker, whose --memory-limit is small) nor sets up RMM itself: where RMM is installed,
+    dask-cuda's RMMSetup plugin already made the worker's pool serve cuDF and CuPy
+    (engines/cluster._cuda_cluster); elsewhere CuPy keeps its own pool."""
     if device != "cuda":
         return Backend("cpu", np, 0)
     cp, why = cupy_probe()
@@ -446,7 +454,8 @@ def array_backend(device: str) -> Backend:
 
 
 def read_table_gpu(path: str, fmt: str, **kwargs: Any) -> Any:
-    """Read a CSV or Parquet file with cuDF onto the GPU (callers check frame_library first)."""
+    """Read a CSV or Parquet file (a path, or a buffer of its bytes) with cuDF onto the GPU
+    (callers check frame_library first)."""
     cudf = _cudf()
     assert cudf is not None
     if fmt == "parquet":

@@ -106,18 +106,24 @@ def atomic_dir(path: str | os.PathLike, kind: str) -> Iterator[Path]:
     tmp = _temp_dir(path.parent, f".{path.name}.tmp-")
     try:
         yield tmp
-        write_marker(tmp, kind, [e for e in os.listdir(tmp) if e != MARKER])
-        if path.exists() or path.is_symlink():
-            _check_replaceable(path, kind, "output", overwrite=True)
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        install_dir(tmp, path, kind)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def install_dir(tmp: Path, path: Path, kind: str) -> None:
+    """atomic_dir's last step: the complete folder `tmp` (beside `path`) gets its record of
+    `kind` and becomes `path`, replacing only ncf's own `kind` output there."""
+    write_marker(tmp, kind, [e for e in os.listdir(tmp) if e != MARKER])
+    if path.exists() or path.is_symlink():
+        _check_replaceable(path, kind, "output", overwrite=True)
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 # ---- the record of what ncf wrote ---------------------------------------------------------------

@@ -87,14 +87,31 @@ def test_the_minimum_counts_the_largest_block(tmp_path: Path) -> None:
 # ---- dask-cuda's cluster, stood in for ----------------------------------------------------------
 
 
+# LocalCUDACluster's own keyword arguments in dask-cuda 26.10 (dask_cuda/local_cuda_cluster.py;
+# jit_unspill was removed in 26.06), and LocalCluster's that the engine passes through it.
+CUDA_CLUSTER_ARGS = {
+    "CUDA_VISIBLE_DEVICES", "n_workers", "threads_per_worker", "memory_limit",
+    "device_memory_limit", "enable_cudf_spill", "cudf_spill_stats", "local_directory",
+    "protocol", "enable_tcp_over_ucx", "enable_infiniband", "enable_nvlink", "enable_rdmacm",
+    "rmm_pool_size", "rmm_maximum_pool_size", "rmm_managed_memory", "rmm_async",
+    "rmm_allocator_external_lib_list", "rmm_release_threshold", "rmm_log_directory",
+    "rmm_track_allocations", "log_spilling", "pre_import",
+    "dashboard_address", "silence_logs",
+}  # fmt: skip
+
+
 def _stand_in_dask_cuda(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[dict]:
-    """A `dask_cuda` whose LocalCUDACluster records its kwargs and stops the run there."""
+    """A `dask_cuda` whose LocalCUDACluster records its kwargs and stops the run there (a
+    keyword dask-cuda 26.10 does not take is its TypeError)."""
     calls: list[dict] = []
 
     class Built(Exception):
         pass
 
     def cluster(**kwargs: Any) -> Any:
+        unknown = set(kwargs) - CUDA_CLUSTER_ARGS
+        if unknown:
+            raise TypeError(f"LocalCUDACluster got unexpected keyword arguments {unknown}")
         calls.append(kwargs)
         if fail:
             raise ValueError("Can not scale beyond visible devices", [0, 1])
@@ -129,6 +146,33 @@ def test_gpu_cluster_without_cudf_asks_for_no_cudf_spill(tmp_path: Path,
     assert not kwargs.get("enable_cudf_spill"), kwargs
     assert kwargs["n_workers"] == 2 and kwargs["memory_limit"] == 2 << 30
     assert kwargs["local_directory"] == str(tmp_path)
+
+
+@needs_dask
+@pytest.mark.parametrize("rmm", [True, False])
+def test_gpu_workers_get_an_rmm_pool_and_spill_device_to_host_to_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rmm: bool
+) -> None:
+    """Issue 35: cuDF and CuPy on each GPU worker share an RMM pool of most of its GPU (CuPy
+    put on it too, or its own pool would compete with it); results holding device arrays spill
+    to the host past dask-cuda's default device limit, and to disk past --memory-limit. Without
+    RMM (dask-cuda refuses a pool then) CuPy keeps its own pool."""
+    from ncfcli.data.engines import cluster
+
+    calls = _stand_in_dask_cuda(monkeypatch)
+    monkeypatch.setattr(cluster, "rmm_installed", lambda: rmm)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with pytest.raises(Exception) as caught:
+        _cuda_client(tmp_path)
+    assert type(caught.value).__name__ == "Built"
+    [kwargs] = calls
+    assert kwargs["device_memory_limit"] == "default" and kwargs["memory_limit"] == 2 << 30
+    assert not kwargs.get("enable_cudf_spill") and not kwargs.get("rmm_async")
+    if rmm:
+        assert kwargs["rmm_pool_size"] == cluster.RMM_POOL_SHARE == 0.9
+        assert kwargs["rmm_allocator_external_lib_list"] == ["cupy"]
+    else:
+        assert "rmm_pool_size" not in kwargs and "rmm_allocator_external_lib_list" not in kwargs
 
 
 @needs_dask

@@ -254,7 +254,24 @@ def test_killed_worker_is_one_line_and_out_untouched(tmp_path: Path, monkeypatch
     assert "worker died" in text and "its only try" in text and "--memory-limit" in text, text
     assert "died while trying" not in caplog.text
     assert json.loads((first / "meta.json").read_text()) == before
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # The buckets other workers finished are kept for the same command (engines/resume.py).
+    partial = tmp_path / ".out.tmp-partial"
+    kept = sorted(p.name for p in (partial / ".resume").glob("0*.json"))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == (
+        [partial.name] if kept else [])  # fmt: skip
+    assert text.endswith(f"; {len(kept)} of 3 buckets are kept in {partial}: the same command "
+                         "reuses them (delete the folder to start afresh)") == bool(kept)  # fmt: skip
+    # Again, in a process of its own (this one's fork server keeps the variable for its workers)
+    env = {k: v for k, v in os.environ.items() if k != "NCF_DASK_TEST_KILL_BUCKET"}
+    again = subprocess.run([sys.executable, "-m", "ncfcli", "prepare", "synthetic", "--users",
+                            "200", "--items", "60", "--rows", "2000", "--seed", "1",
+                            "--eval-negatives", "5", "--engine", "dask", "--workers", "2",
+                            "--buckets", "3", "--out", str(first), "--overwrite", "--device",
+                            "cpu", "--json", "-q"], capture_output=True, text=True, env=env,
+                           timeout=120)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["dask"]["reused_buckets"] == len(kept)
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_a_dask_dashboard_already_on_8787_gets_no_warning(tmp_path: Path) -> None:
@@ -310,40 +327,74 @@ def test_the_dask_engine_drops_the_items_only_dropped_users_had(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["starting", "writing"])
-def test_ctrl_c_during_a_dask_prepare_is_one_line_and_leaves_nothing(tmp_path: Path,
-                                                                     when: str) -> None:  # fmt: skip
+def test_ctrl_c_during_a_dask_prepare_is_one_line(tmp_path: Path, when: str) -> None:
     """Finding 6: a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while
-    the cluster's workers start, or while a worker writes a bucket: exit 130 with one line, the
-    cluster's processes gone, --out absent and no temporary folder beside it."""
+    the cluster's workers start, or while a worker writes a bucket: exit 130 with one line and
+    the cluster's processes gone. Starting: --out absent and no folder beside it. Writing
+    (bucket 1 stalls, the 2 others are written): the line says the 2 are kept in the partial
+    folder, and the same command run again writes only bucket 1 (data/engines/resume.py); a
+    kept bucket whose file changed meanwhile is written again. The dataset is a fresh run's."""
     out = tmp_path / "out"
-    env = {**os.environ, "NCF_DASK_TEST_STALL_BUCKET": "1"}
     cmd = [sys.executable, "-m", "ncfcli", "prepare", "synthetic", "--users", "200", "--items",
            "60", "--rows", "2000", "--eval-negatives", "5", "--engine", "dask", "--workers", "2",
            "--buckets", "3", "--out", str(out), "--device", "cpu", "-q"]  # fmt: skip
+    output, code, pgid = _interrupted(cmd, tmp_path, when)
+    assert code == 130, output
+    deadline = time.monotonic() + 20
+    while _alive_in_group(pgid):  # no worker, nanny or resource tracker left behind
+        assert time.monotonic() < deadline, _alive_in_group(pgid)
+        time.sleep(0.5)
+    partial = tmp_path / ".out.tmp-partial"
+    if when == "starting":
+        assert output.strip() == "error: interrupted", output
+        assert list(tmp_path.iterdir()) == []
+        return
+    assert output.strip() == (f"error: interrupted; 2 of 3 buckets are kept in {partial}: the "
+                              "same command reuses them (delete the folder to start afresh)")  # fmt: skip
+    assert [p.name for p in tmp_path.iterdir()] == [partial.name]
+    assert sorted(p.name for p in (partial / ".resume").iterdir()) == [
+        "00000.json", "00002.json", "key.json"]  # fmt: skip
+    stamp = (partial / "train" / "part-00000.parquet").stat().st_mtime_ns
+    changed = partial / "heldout" / "part-00002" / "test_items.npy"
+    changed.write_bytes(changed.read_bytes()[:-4] + b"\xff\xff\xff\x7f")
+    again = subprocess.run([*cmd[:-1], "--json"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout[again.stdout.index("{") :])
+    assert report["dask"]["reused_buckets"] == 1  # bucket 0; bucket 2's file had changed
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert not (out / ".resume").exists()
+    assert (out / "train" / "part-00000.parquet").stat().st_mtime_ns == stamp  # not written again
+    fresh = ncf("synthetic", "--users", 200, "--items", 60, "--rows", 2000, "--eval-negatives", 5,
+                "--engine", "dask", "--workers", 2, "--buckets", 3, "--out", tmp_path / "fresh")  # fmt: skip
+    assert fresh.exit_code == 0, fresh.output
+    same_dataset(out, tmp_path / "fresh")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in (tmp_path / "fresh").iterdir()
+    )
+
+
+def _interrupted(cmd: list[str], tmp_path: Path, when: str) -> tuple[str, int, int]:
+    """Run `cmd` with bucket 1 stalling, SIGINT its group once its workers start ("starting")
+    or once buckets 0 and 2 are recorded ("writing"): (output, exit code, process group)."""
+    env = {**os.environ, "NCF_DASK_TEST_STALL_BUCKET": "1"}
     # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
     # background job of a script): an ignored signal stays ignored in every child.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    records = tmp_path / ".out.tmp-partial" / ".resume"
     try:
         deadline = time.monotonic() + 120
-        while not (list(tmp_path.glob(".out.tmp-*")) if when == "writing"  # the dataset's folder
+        while not (len(list(records.glob("0000[02].json"))) == 2 if when == "writing"
                    else len(_alive_in_group(proc.pid, "forkserver")) > 1):  # a worker forked  # fmt: skip
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
             time.sleep(0.05)
-        time.sleep(1.0 if when == "writing" else 0.0)
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=45)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output
-    assert output.strip() == "error: interrupted", output
-    assert list(tmp_path.iterdir()) == []
-    deadline = time.monotonic() + 20
-    while _alive_in_group(proc.pid):  # no worker, nanny or resource tracker left behind
-        assert time.monotonic() < deadline, _alive_in_group(proc.pid)
-        time.sleep(0.5)
+    return output, proc.returncode, proc.pid
 
 
 def _alive_in_group(pgid: int, named: str = "") -> list[str]:

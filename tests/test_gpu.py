@@ -3,13 +3,14 @@
 Skipped, with the reason shown, unless both torch and CuPy see a CUDA GPU (a CPU-only torch
 beside a CuPy wheel skips instead of failing in `set_device`); the Docker image and
 benchmarks/device_check.sh run them. They aim at the code a CPU cannot run: the cuDF reader on
-a real CSV file, prepare's dense rows on CuPy, CuPy's sampler settings (side stream, walk
-passes, no needle sort, small chunks), RMM when it is installed, --amp on CUDA for every model
-kind, peak GPU memory, and a mid-epoch resume with dropout on the CUDA generator. Integer
-arithmetic and sorting are the same on both backends by construction, and every random number
-of prepare (the test and validation negatives, ncfcli/data/negatives.py) and of the epochs is
-a counter-based hash, never the backend's generator, so prepare and the epochs compare bytes;
-float training compares within tolerances (CUDA's scatter_add_ sums in a varying order).
+a real CSV file, prepare's dense rows on CuPy, the Dask workers' steps on cuDF and CuPy, CuPy's
+sampler settings (side stream, walk passes, no needle sort, small chunks), RMM when it is
+installed, --amp on CUDA for every model kind, peak GPU memory, and a mid-epoch resume with
+dropout on the CUDA generator. Integer arithmetic and sorting are the same on both backends by
+construction, and every random number of prepare (the test and validation negatives,
+ncfcli/data/negatives.py) and of the epochs is a counter-based hash, never the backend's
+generator, so prepare and the epochs compare bytes; float training compares within tolerances
+(CUDA's scatter_add_ sums in a varying order).
 """
 
 from __future__ import annotations
@@ -99,6 +100,27 @@ def test_prepare_on_the_gpu_gives_the_cpu_bytes(both: dict[str, Path]) -> None:
         np.testing.assert_array_equal(getattr(cpu, name), getattr(gpu, name), err_msg=name)
     meta = json.loads((both["cuda"] / "meta.json").read_text())
     assert meta["backend"] == "cuda" and meta["n_duplicates"] > 0
+
+
+@pytest.mark.parametrize("name", ["ints.csv", "text.csv", "float.parquet", "time.parquet",
+                                  "ratings.dat"])  # fmt: skip
+def test_dask_worker_steps_on_the_gpu_give_the_cpu_workers_results(
+    tmp_path: Path, name: str
+) -> None:
+    """Issue 35: a Dask GPU worker's steps (the block read by cuDF where installed, its summary,
+    cut, dedup, items present and split in CuPy) give the CPU worker's results and files, as
+    tests/test_dask_gpu_rules.py checks with stand-ins on a CPU."""
+    from tests import test_dask_gpu_rules as rules
+
+    src = rules.SOURCES[name](tmp_path / name)
+    want = rules.pipeline(src, "cpu", tmp_path / "cpu")
+    got = rules.pipeline(src, "cuda", tmp_path / "gpu")
+    cupy = backend_mod.cupy_module()
+    assert cupy is not None and isinstance(got["parsed"].ts, cupy.ndarray)
+    assert all(isinstance(b["item"], cupy.ndarray) for b in got["buckets"])
+    for key in want:
+        rules.assert_same(rules.host(got[key]), rules.host(want[key]), key)
+    assert rules.files(tmp_path / "gpu") == rules.files(tmp_path / "cpu")
 
 
 def test_gpu_test_negatives_are_valid(both: dict[str, Path]) -> None:

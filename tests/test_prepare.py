@@ -156,10 +156,15 @@ def test_json_output_is_one_object(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got) == {"out", "split", "n_users", "n_items", "n_train", "n_valid", "n_test",
-                        "eval_negatives", "n_buckets", "engine", "engine_reason", "seconds"}  # fmt: skip
+                        "eval_negatives", "n_buckets", "engine", "engine_reason", "seconds",
+                        "stage_seconds"}  # fmt: skip
     assert got["out"] == str(tmp_path / "o") and got["eval_negatives"] == 2
     assert got["engine"] == "memory" and got["engine_reason"].startswith("auto: needs ~")
     assert isinstance(got["seconds"], float)
+    # each stage's wall, in order; together within the whole (which adds the engine's choice)
+    stages = got["stage_seconds"]
+    assert list(stages) == ["read", "filter and index", "split and write"]
+    assert 0 < sum(stages.values()) <= got["seconds"]
 
 
 def test_table_output(tmp_path: Path) -> None:

@@ -189,12 +189,27 @@ def test_the_resident_view_holds_held_out_sets_and_the_latest_rows(data_dir: Pat
         view.histories(4, np)
 
 
+def _meta(*n_train: int) -> dict:
+    return {"buckets": [{"n_train": n} for n in n_train]}
+
+
 def test_the_window_size_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(stream.STREAM_ENV, "0")
     with pytest.raises(NcfError, match="NCF_STREAM_BUCKETS must be a whole number of buckets >= 1"):
-        stream.window_buckets()
+        stream.window_buckets(_meta(10))
     monkeypatch.setenv(stream.STREAM_ENV, "3")
-    assert stream.window_buckets() == 3
+    assert stream.window_buckets(_meta(10)) == 3
+    assert stream.window_buckets(_meta(50_000_000)) == 3  # the variable wins
+
+
+def test_a_window_holds_up_to_4_buckets_and_about_5m_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(stream.STREAM_ENV, raising=False)
+    assert stream.window_buckets(_meta(12_000, 13_000)) == 4  # small buckets: 4
+    # MLPerf's 1.22B rows in 584 buckets (2.09M a bucket on average) and ml-20m's 10: 2 a window
+    assert stream.window_buckets(_meta(2_107_705, 2_068_896)) == 2
+    assert stream.window_buckets(_meta(1_972_328)) == 2
+    assert stream.window_buckets(_meta(1_400_000)) == 3
+    assert stream.window_buckets(_meta(9_000_000, 1)) == 1  # never 0
 
 
 # ---- the real command ----------------------------------------------------------------------

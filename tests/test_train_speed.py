@@ -58,6 +58,42 @@ def test_the_test_set_is_read_once_from_the_chosen_epochs_weights(
     assert {k: got[k] for k in out["metrics"]} == out["metrics"]  # the same bits, not approx
 
 
+def test_the_last_epoch_chosen_writes_best_pt_from_the_model_not_read_back(
+    prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch 2 of 2 is chosen: the model holds its weights, so the test figures go into a
+    best.pt written from them (as the epoch wrote it), not one loaded back (at MLPerf's size
+    that load was 2.2 GB more on rank 0, past 8 GiB). The same best.pt as the epoch's, plus
+    test; and the same figures `ncf eval` reads from it."""
+    import torch
+
+    from ncfcli.training import run as train_run
+
+    spy(prepared_dir, monkeypatch, {1: 0.2, 2: 0.5})
+
+    def refused(path: Path) -> None:
+        raise AssertionError(f"{path} was read back")
+
+    monkeypatch.setattr(train_run, "load_checkpoint", refused)
+    run = tmp_path / "run"
+    r = ncf("train", prepared_dir, "--out", run, "--epochs", 2, *SMALL, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    best = torch.load(run / "best.pt", weights_only=True)
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert best["epoch"] == 2 and best["best"]["test"] == out["metrics"]
+    assert [h.get("test") for h in best["history"]] == [None, out["metrics"]]
+    assert "optimizer" not in best
+    assert {k: v for k, v in last.items() if k != "optimizer"}.keys() == best.keys()
+    for name, weight in best["model"].items():
+        assert torch.equal(weight, last["model"][name]), name
+    monkeypatch.undo()
+    e = ncf("eval", run, "--json", "--device", "cpu")
+    assert e.exit_code == 0, e.output
+    got = json.loads(e.stdout)["metrics"]
+    assert {k: got[k] for k in out["metrics"]} == out["metrics"]
+
+
 def test_a_run_resumed_after_its_choice_reports_the_uninterrupted_runs_test_figures(
     prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

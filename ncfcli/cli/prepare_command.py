@@ -58,6 +58,7 @@ def _report(meta: dict[str, Any], backend: Any, seconds: float, json_out: bool) 
                 "engine": meta["engine"],
                 "engine_reason": meta["engine_reason"],
                 "seconds": seconds,
+                "stage_seconds": meta["stage_seconds"],
                 **extra,
             }
         )

@@ -25,16 +25,20 @@ from ncfcli.data.record import check_out, resolve_out
 
 
 class _Stages:
-    """One progress line per stage on an injected Rich Progress (or nothing)."""
+    """One progress line per stage on an injected Rich Progress (or nothing); `seconds` holds
+    each finished stage's wall, in order (the report's `stage_seconds`)."""
 
     def __init__(self, progress: Any) -> None:
         self.progress = progress
+        self.seconds: dict[str, float] = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[dict[str, str]]:
         note: dict[str, str] = {}
         task = None if self.progress is None else self.progress.add_task(name, total=1)
+        t0 = time.perf_counter()
         yield note
+        self.seconds[name] = round(time.perf_counter() - t0, 3)
         if task is not None:
             desc = f"{name}: {note['done']}" if "done" in note else name
             self.progress.update(task, completed=1, description=desc)
@@ -73,4 +77,5 @@ def prepare(
     meta["engine"], meta["engine_reason"] = engine, why
     meta["out"] = str(out)
     meta["seconds"] = round(time.perf_counter() - t0, 3)
+    meta["stage_seconds"] = stage.seconds
     return meta

@@ -437,10 +437,22 @@ def gpu_reader(backend: Backend) -> Any:
     return read_table_gpu if backend.frame_library == "cudf" else None
 
 
-def _read_gpu(reader: Any, path: Path, layout: FileLayout, wanted: list[str]) -> dict[str, Any]:
-    """One cuDF Series per column: Parquet as typed, CSV as text (see the note above)."""
+def read_gpu(
+    reader: Any,
+    path: Path,
+    layout: FileLayout,
+    wanted: list[str],
+    source: Any = None,
+    row_group: int | None = None,
+) -> dict[str, Any]:
+    """One cuDF Series per column: Parquet as typed, CSV as text (see the note above).
+
+    The Dask engine's blocks: `source`, whole lines of the text table `path` (a BytesIO), is
+    parsed instead of the file; `row_group` reads that row group of a Parquet file alone."""
     if layout.fmt == "parquet":
         kwargs: dict[str, Any] = {"columns": wanted}
+        if row_group is not None:
+            kwargs["row_groups"] = [row_group]
     else:
         kwargs = {
             "sep": layout.sep,
@@ -456,7 +468,7 @@ def _read_gpu(reader: Any, path: Path, layout: FileLayout, wanted: list[str]) ->
             # the byte-order mark in the first name and miss that column.
             kwargs["names"] = list(layout.bom_header)
     try:
-        frame = reader(str(path), layout.fmt, **kwargs)
+        frame = reader(str(path) if source is None else source, layout.fmt, **kwargs)
     except Exception as e:  # cuDF raises RuntimeError/ValueError with long texts
         raise NcfError(f"{path}: cannot parse: {str(e).strip().splitlines()[0]}") from None
     return {w: frame[w] for w in wanted}
@@ -465,7 +477,7 @@ def _read_gpu(reader: Any, path: Path, layout: FileLayout, wanted: list[str]) ->
 def _read_columns(path: Path, layout: FileLayout, wanted: list[str], backend: Backend) -> dict:
     reader = gpu_reader(backend)
     if reader is not None and not (layout.fmt == "csv" and len(layout.sep) > 1):
-        return _read_gpu(reader, path, layout, wanted)
+        return read_gpu(reader, path, layout, wanted)
     if layout.fmt == "parquet":
         return _read_parquet_cpu(path, wanted)
     typed = {w: t for w, t in layout.types.items() if w in wanted}

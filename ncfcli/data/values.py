@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ncfcli.backend import Backend, frame_column_to_array
-from ncfcli.data.xops import unique_inverse
+from ncfcli.data.xops import host_int, unique_inverse
 from ncfcli.errors import NcfError
 
 INT64_MAX = (1 << 63) - 1
@@ -77,7 +77,7 @@ def as_array(series: Any, backend: Backend) -> Any:
 def first_true(mask: Any, xp: Any) -> int | None:
     """The index of the first True, or None (one device-to-host transfer on a GPU)."""
     hits = xp.flatnonzero(mask)
-    return int(hits[0]) if len(hits) else None
+    return host_int(hits[0], xp) if len(hits) else None
 
 
 def cell_repr(series: Any, row: int) -> str:
@@ -123,7 +123,7 @@ def _magnitude(digits: Any, backend: Backend) -> tuple[Any, Any]:
     """
     xp = backend.xp
     n = as_array(digits.str.len(), backend)
-    if int(n.max()) <= 18:
+    if not len(n) or host_int(n.max(), xp) <= 18:
         value = as_array(digits.astype("int64"), backend)
         return value, xp.ones(len(value), dtype=bool)
     padded = digits.str.pad(19, side="left", fillchar="0")
@@ -185,7 +185,7 @@ def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
             return arr.astype(xp.int64)
         raise origin.error(0, f"has type {col.dtype}; ids must be integers or strings")
     text, _ = stripped_text(col, origin, backend)
-    if bool(as_array(text.str.contains(NUMBER), backend).all()):
+    if host_int(as_array(text.str.contains(NUMBER), backend).all(), xp):
         digits, fraction = number_parts(text)
         row = first_true(as_array(fraction.str.contains("[1-9]"), backend), xp)
         if row is not None:
@@ -195,7 +195,7 @@ def id_values(col: Any, origin: Origin, backend: Backend) -> Any:
                 "must be integers (or the column strings)",
             )
         value, fits = _magnitude(digits, backend)
-        if bool(fits.all()):
+        if host_int(fits.all(), xp):
             return _signed(value, text, backend)
     return to_arrow_strings(text)
 
@@ -306,7 +306,7 @@ def time_values(col: Any, origin: Origin, backend: Backend) -> Any:
         raise origin.error(0, f"has type {col.dtype}; {TIME_FORMS}")
     text, _ = stripped_text(col, origin, backend)
     number = as_array(text.str.contains(NUMBER), backend)
-    if bool(number[0]):
+    if host_int(number[0], xp):
         row = first_true(~number, xp)
         if row is not None:
             raise origin.error(

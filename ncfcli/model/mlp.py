@@ -27,7 +27,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ncfcli.model.layers import ReluDropout, SplitLinear, borrow, item_rows, row_sparse, rows
+from ncfcli.model.layers import (
+    MaskDropout,
+    ReluDropout,
+    SplitLinear,
+    borrow,
+    item_rows,
+    row_sparse,
+    rows,
+)
 
 # Pairs per tile of `MLP.pair_layers` on a CPU: 2^16 pairs x ~100 float32 activations is ~25 MB,
 # within a server's L3. Measured on a 2-core EPYC (64-32 layers): idle, 2^14-2^16 tiles ran
@@ -50,13 +58,13 @@ def mlp_layers(layers: tuple[int, ...], dropout: float) -> tuple[SplitLinear | N
     # so each ReLU reuses their buffer: one [B, width] fewer at a time.
     rest: list[nn.Module] = [nn.ReLU(inplace=True)]  # after `first`, which MLP calls itself
     if dropout > 0:
-        rest.append(nn.Dropout(dropout))
+        rest.append(MaskDropout(dropout))
     for n_in, n_out in zip(layers[1:-1], layers[2:], strict=True):
         lin = nn.Linear(n_in, n_out)
         nn.init.xavier_uniform_(lin.weight)
         rest += [lin, nn.ReLU(inplace=True)]
         if dropout > 0:
-            rest.append(nn.Dropout(dropout))
+            rest.append(MaskDropout(dropout))
     return first, nn.Sequential(*rest)
 
 

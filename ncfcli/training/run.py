@@ -200,13 +200,19 @@ def record_test(s: Session, run_log: RunLog) -> None:
     that epoch's row of the logs."""
     assert s.best is not None and s.cfg.keep_checkpoints is not None
     chosen, test = int(s.best["epoch"]), s.best["test"]
-    kept = load_checkpoint(s.run_dir / BEST)
-    kept["best"] = s.best
-    rows = kept.get("history") or []
-    kept["history"] = [{**h, "test": test} if h["epoch"] == chosen else h for h in rows]
-    save_checkpoint(s.run_dir / BEST, kept)
     last = int(s.history[-1]["epoch"])
-    record.write_checkpoint(s.run_dir, checkpoint_state(s, last), last, s.cfg.keep_checkpoints)
+    full = checkpoint_state(s, last)
+    if s.best_live:
+        # The model holds the chosen (last) epoch's weights: best.pt is written from them, as
+        # save_epoch wrote it, not read back (at MLPerf's size 2.2 GB more on rank 0).
+        record.save_best(s.run_dir, {k: v for k, v in full.items() if k != "optimizer"})
+    else:
+        kept = load_checkpoint(s.run_dir / BEST)
+        kept["best"] = s.best
+        rows = kept.get("history") or []
+        kept["history"] = [{**h, "test": test} if h["epoch"] == chosen else h for h in rows]
+        save_checkpoint(s.run_dir / BEST, kept)
+    record.write_checkpoint(s.run_dir, full, last, s.cfg.keep_checkpoints)
     run_log.chosen(s.history, chosen)
 
 

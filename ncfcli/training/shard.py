@@ -162,5 +162,5 @@ def record(layout: Layout, data: PreparedData, env: DistEnv, device: str) -> dic
     }
     if layout.sharded:
         out["rank_buckets"] = [list(bs) for bs in layout.buckets]
-        out["stream_buckets"] = window_buckets()  # a window's buckets (stream.py)
+        out["stream_buckets"] = window_buckets(data.meta)  # a window's buckets (stream.py)
     return out

@@ -309,7 +309,7 @@ def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency
     # A merged (--refit) view has no validation to probe: None, as without a shard.
     if env.is_main and not data.merged_validation:
         if data.latest_only:  # a streamed shard: its first window's users, read for this
-            first = list(data.shard or ())[: window_buckets()]
+            first = list(data.shard or ())[: window_buckets(data.meta)]
             data = load_prepared(data.path, backend, buckets=first)
         mine = recency.probe(data, backend.xp, seed=0)
     row = torch.zeros(6, dtype=torch.float64, device=backend.torch_device)
@@ -429,7 +429,7 @@ def _sampler(
             recency_weight=float(cfg.recency_weight or 0.0),
             recency_span=float(cfg.recency_span or 1.0),
             order=bool(cfg.order_factors),
-            k=window_buckets(),
+            k=window_buckets(data.meta),
         )
         return streamed, local_batch
     pos_weight = None

@@ -6,9 +6,10 @@ memory is a few buckets plus the model, whatever the dataset's size.
 What a rank holds for the whole run (data/store.load_held_out): its users' held-out items and negatives
 (test, validation) and each user's latest training positive (the order term's context at
 evaluation), about (eval negatives + 3) x 4 B a user. Its training rows are read from the
-buckets' Parquet parts in turn each epoch, a window of K buckets at a time (K from
-NCF_STREAM_BUCKETS, default STREAM_BUCKETS), the next window read and its samples built on a
-thread while this one trains: at most 2K buckets' rows and samples are alive at once.
+buckets' Parquet parts in turn each epoch, a window of K buckets at a time (window_buckets:
+NCF_STREAM_BUCKETS, else up to STREAM_BUCKETS holding about STREAM_ROWS rows), the next window
+read and its samples built on a thread while this one trains: at most 2K buckets' rows and
+samples are alive at once.
 
 An epoch's order:
 
@@ -58,14 +59,20 @@ from ncfcli.training import recency
 
 MERGED = ("valid_users", "valid_items")  # what --refit moves into training
 STREAM_ENV = "NCF_STREAM_BUCKETS"
-STREAM_BUCKETS = 4  # buckets a window reads: about 8M training rows at the default bucket size
+STREAM_BUCKETS = 4  # the most buckets a window reads by default,
+STREAM_ROWS = 5 << 20  # and about the most training rows: 2 buckets of prepare's default size
 
 
-def window_buckets() -> int:
-    """K, the buckets a window reads (NCF_STREAM_BUCKETS, else STREAM_BUCKETS)."""
+def window_buckets(meta: dict[str, Any]) -> int:
+    """K, the buckets a window reads: NCF_STREAM_BUCKETS, else as many as hold STREAM_ROWS
+    training rows at the dataset's mean bucket size (meta.json's), between 1 and STREAM_BUCKETS.
+    The same on every rank and on a resume. A window of 4 buckets of MLPerf's 1.22B rows (8.4M
+    rows, their samples and negatives) was about 0.85 GiB, two alive at once."""
     given = os.environ.get(STREAM_ENV, "")
     if not given:
-        return STREAM_BUCKETS
+        entries = meta["buckets"]
+        mean = sum(int(e["n_train"]) for e in entries) / max(1, len(entries))
+        return max(1, min(STREAM_BUCKETS, int(STREAM_ROWS // max(mean, 1.0))))
     try:
         k = int(given)
     except ValueError:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ncfcli.backend import Backend, gpu_count, visible_devices
+from ncfcli.backend import Backend, gpu_count, rmm_installed, visible_devices
 from ncfcli.data.blocks import Block
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.synthetic import partition_bounds
@@ -49,6 +49,13 @@ WORKER_START_S = 120  # a local worker starts in about 2 s on 2 busy cores
 # the rest is left to this process, the page cache of the files spilled and written, and the
 # rest of the machine. MLPerf's 1.22B rows, whose shuffle is 20 GB, then run in about 8 GiB.
 LOCAL_RAM_SHARE = 1 / 3
+# A GPU worker's RMM pool, as a fraction of its GPU (dask-cuda's rmm_pool_size; its best
+# practices: most of the GPU, not all), and the device memory its stored results may take
+# before they spill to the host (device_memory_limit): dask-cuda's "default", 80% of a GPU with
+# memory of its own, and no device spilling on one that shares the host's (a system on a chip,
+# where a fraction would be refused: dask_cuda/worker_common.py).
+RMM_POOL_SHARE = 0.9
+DEVICE_SPILL = "default"
 
 
 def default_memory(workers: int) -> int:
@@ -170,9 +177,20 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http: str) -> Any:
     """dask-cuda's LocalCUDACluster: one single-threaded worker process per GPU, each pinned to
-    its GPU. Workers parse and shuffle NumPy arrays on the host and split each bucket with
-    CuPy: nothing a worker stores is a cuDF object or device memory, so cuDF's spilling
-    (enable_cudf_spill, which imports cuDF in this process and every worker) is left off."""
+    its GPU, where cuDF parses the blocks and CuPy cuts, deduplicates and splits them.
+
+    - An RMM pool per worker (RMM_POOL_SHARE of its GPU, most but not all: the CUDA context
+      takes a few hundred MB), serving cuDF and, through rmm_allocator_external_lib_list, CuPy
+      too; without it CuPy's own pool would compete with the pool for the rest. Left out where
+      RMM is not installed (dask-cuda refuses a pool then): CuPy's own pool.
+    - Spilling device -> host -> disk by dask-cuda's worker store (DeviceHostFile): task results
+      that hold device arrays (the pieces and buckets: dicts of CuPy arrays) move to host memory
+      past device_memory_limit, and to --out's scratch folder past --memory-limit.
+    - No cuDF spilling (enable_cudf_spill): it spills cuDF buffers, while a block's cuDF frame
+      lives only inside its task and its columns become CuPy arrays at once, which cuDF can no
+      longer spill (dask-cuda docs/source/spilling.rst, "Limitations"); it would also import
+      cuDF in this process. Not jit_unspill: removed in dask-cuda 26.06.
+    """
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
@@ -186,12 +204,17 @@ def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http
             f"--workers {config.workers}: --device cuda runs one Dask worker per GPU "
             f"and {gpus} GPU(s) are visible; use --workers {gpus} or fewer"
         )
+    pool: dict[str, Any] = {}
+    if rmm_installed():
+        pool = {"rmm_pool_size": RMM_POOL_SHARE, "rmm_allocator_external_lib_list": ["cupy"]}
     return LocalCUDACluster(
         n_workers=config.workers,
         memory_limit=memory or "auto",
+        device_memory_limit=DEVICE_SPILL,
         local_directory=str(scratch),
         dashboard_address=http,
         silence_logs=logging.ERROR,
+        **pool,
     )
 
 

@@ -67,6 +67,7 @@ from ncfcli.data.buckets import (
 )
 from ncfcli.data.config import SYNTHETIC, PrepareConfig
 from ncfcli.data.engines import dask_tasks as tasks
+from ncfcli.data.engines import resume
 from ncfcli.data.engines.choose import input_files
 from ncfcli.data.engines.cluster import (
     check_memory,
@@ -88,7 +89,6 @@ from ncfcli.data.sources import save_titles
 from ncfcli.data.store import finish_dataset
 from ncfcli.data.synthetic import partition_bounds
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import atomic_dir
 
 # ---- the client ---------------------------------------------------------------------------
 
@@ -233,16 +233,18 @@ def prepare_dask(
                 return _run(config, backend, out, stage, plan, client)
             except NcfError:
                 raise
+            except KeyboardInterrupt:  # the buckets written are kept (resume.py)
+                raise resume.noted(NcfError("interrupted", 130), out) from None
             except (KilledWorker, CancelledError) as e:
                 # A lost worker's results are recomputed from their tasks (nothing is
                 # scattered); this is a task whose worker died on each of its tries
                 # (distributed.scheduler.allowed-failures, 3 by default, + 1).
-                raise died(e, client) from None
+                raise resume.noted(died(e, client), out) from None
             except (OSError, RuntimeError) as e:
                 from distributed.comm.core import CommClosedError
 
                 if isinstance(e, CommClosedError) or "worker" in str(e).lower():
-                    raise died(e, client) from None
+                    raise resume.noted(died(e, client), out) from None
                 if str(e).startswith("P2P"):
                     raise NcfError(f"the Dask shuffle failed: {str(e).splitlines()[0]}") from None
                 raise
@@ -283,7 +285,9 @@ def _run(
     with stage("split and write") as note:
         meta = _split_write(config, backend, out, client, ix, source, (n_raw, n_low))
         valid = f"{meta['n_valid']:,} validation, " if config.validation else ""
-        note["done"] = f"{meta['n_train']:,} train, {valid}{meta['n_buckets']} buckets"
+        reused = meta["dask"]["reused_buckets"]
+        kept = f" ({reused} kept by a stopped run, reused)" if reused else ""
+        note["done"] = f"{meta['n_train']:,} train, {valid}{meta['n_buckets']} buckets{kept}"
     save_titles(out, source, ix.item_ids)
     return meta
 
@@ -473,6 +477,7 @@ def _index(config: PrepareConfig, client: Any, read: _Read, held_users: Any = No
     digits = [10 ** (top - i["digits"]) for i in infos]
     u_f, i_f = held(client, user_ids), held(client, item_ids)
     step = cut_group(len(parts), n_buckets)
+    device = read.spec.device  # where the workers' steps run (dask_tasks)
     cut = [
         client.submit(
             tasks.cut_sources,
@@ -489,7 +494,7 @@ def _index(config: PrepareConfig, client: Any, read: _Read, held_users: Any = No
     pieces = [[client.submit(tasks.piece, c, b) for c in cut] for b in range(n_buckets)]
     del cut, parts
     buckets = [
-        client.submit(tasks.dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b])
+        client.submit(tasks.dedup_bucket, pre[b], pre[b + 1], n_i, *pieces[b], device=device)
         for b in range(n_buckets)
     ]
     del pieces, u_f, i_f
@@ -509,7 +514,7 @@ def _index(config: PrepareConfig, client: Any, read: _Read, held_users: Any = No
         keeps = [keep[pre[b] : pre[b + 1]] for b in range(n_buckets)]
         seen = client.gather(
             [
-                client.submit(tasks.present_items, buckets[b], keeps[b], pre[b], n_i)
+                client.submit(tasks.present_items, buckets[b], keeps[b], pre[b], n_i, device)
                 for b in range(n_buckets)
             ]
         )
@@ -544,11 +549,15 @@ def _split_write(
 ) -> dict[str, Any]:
     """Each bucket split and written by a worker into the temporary dataset folder; the
     client's id maps and meta.json; the folder renamed to --out."""
+    from distributed import as_completed
+
     rules = SplitRules.of(config)
     check_out(config, out)  # again: the folder may have changed while we read
-    with atomic_dir(out, "dataset") as tmp:
+    key = resume.key_of(config, source, ix, backend.name)
+    n_buckets = len(ix.buckets)
+    with resume.partial(out, "dataset", key, n_buckets) as part:
         im_f = held(client, ix.item_map) if ix.item_map is not None else None
-        done = [
+        todo = {
             client.submit(
                 tasks.split_write,
                 ix.buckets[b],
@@ -560,19 +569,22 @@ def _split_write(
                 im_f,
                 len(ix.item_ids),
                 rules,
-                str(tmp),
+                str(part.folder),
                 backend.name,
-            )
-            for b in range(len(ix.buckets))
-        ]
+            ): b
+            for b in range(n_buckets)
+            if b not in part.done  # written by an earlier run that stopped (resume.py)
+        }
         ix.buckets = []
         try:
-            results = client.gather(done)
+            for future in as_completed(todo):
+                part.record(todo.pop(future), *future.result())
         except TooFewCandidates as e:
             raise NcfError(e.message(raw_scalar(ix.user_ids[e.user]))) from None
+        results = [part.done[b] for b in range(n_buckets)]
         entries = [entry for entry, _ in results]
         counts = Counts(read[0], read[1], ix.n_dup, ix.dropped, sum(n for _, n in results))
-        stats = worker_stats(client)
+        stats = {**worker_stats(client), "reused_buckets": part.reused}
         meta = describe(config, backend, source, counts)
-        meta = finish_dataset(tmp, entries, ix.user_ids, ix.item_ids, meta)
+        meta = finish_dataset(part.folder, entries, ix.user_ids, ix.item_ids, meta)
     return {**meta, "dask": stats}
