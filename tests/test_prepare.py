@@ -164,7 +164,7 @@ def test_json_output_is_one_object(tmp_path: Path) -> None:
     # each stage's wall, in order; together within the whole (which adds the engine's choice)
     stages = got["stage_seconds"]
     assert list(stages) == ["read", "filter and index", "split and write"]
-    assert 0 < sum(stages.values()) <= got["seconds"]
+    assert 0 < sum(stages.values()) <= got["seconds"] + 0.0005 * len(stages)  # each rounded
 
 
 def test_table_output(tmp_path: Path) -> None:
