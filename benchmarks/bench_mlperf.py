@@ -59,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import MISSED, machine, ncf_env, verdict
-from bench_scale import run_prepare, run_sampled
+from bench_scale import prepare_cmd, run_prepare, run_sampled
 
 FULL_ROWS = 1_223_962_043
 TARGETS = {"wall_s": 30 * 60, "peak_rss_gib": 8.0, "disk_gb": 40.0}
@@ -113,9 +113,10 @@ def stop_and_rerun(args: list[str], out: Path, at: float) -> bool:
     then the same command: it must reuse them and write `out`'s fingerprint."""
     first = _fingerprint(out)
     shutil.rmtree(out)
-    cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
-           "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
-    records = out.parent / f".{out.name}.tmp-partial" / ".resume"
+    from ncfcli.data.engines.resume import RESUME, partial_dir
+
+    cmd = prepare_cmd(args, out)
+    records = partial_dir(out) / RESUME
     t0 = time.perf_counter()
     # SIGINT as a terminal's process has it, even where this bench runs with it ignored
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -65,10 +65,14 @@ def run_prepare(args: list[str], out: Path,
                 every: Callable[[int, float], None] | None = None) -> dict:  # fmt: skip
     """One `ncf prepare ... --json` process: its JSON, wall seconds and summed peak RSS;
     `every(pid, seconds since the start)` is called at each 0.1 s sample too."""
-    cmd = [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
-           "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
-    stdout, wall, peak = run_sampled(cmd, every)
+    stdout, wall, peak = run_sampled(prepare_cmd(args, out), every)
     return {"wall_s": wall, "peak_rss": peak, "report": json.loads(stdout.strip().splitlines()[-1])}
+
+
+def prepare_cmd(args: list[str], out: Path) -> list[str]:
+    """`ncf prepare ARGS --out OUT --json` on the CPU, quiet, replacing an earlier OUT."""
+    return [sys.executable, "-m", "ncfcli", "prepare", *args, "--out", str(out), "--json",
+            "--device", "cpu", "-q", "--overwrite"]  # fmt: skip
 
 
 def run_sampled(cmd: list[str],

@@ -131,6 +131,12 @@ def _chosen(path: Path, entries: list[Any], buckets: list[int] | None, empty: bo
     return chosen
 
 
+def _shard_users(entries: list[Any], chosen: list[int]) -> np.ndarray:
+    """The user ids of the chosen buckets, in order (a shard's `test_users`)."""
+    users = [np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen]
+    return np.concatenate(users) if users else np.zeros(0, np.int32)
+
+
 def load_held_out(
     path: str | os.PathLike, backend: Any, buckets: list[int] | None = None
 ) -> PreparedData:
@@ -154,8 +160,7 @@ def load_held_out(
     arrays: dict[str, Any] = {}
     for name, parts in pieces.items():
         arrays[name] = backend.asarray(np.concatenate(parts))
-    users = np.concatenate([np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen])
-    arrays["test_users"] = backend.asarray(users)
+    arrays["test_users"] = backend.asarray(_shard_users(entries, chosen))
     del pieces
     trim_heap()
     return PreparedData(path=path, meta=meta, shard=tuple(chosen), latest_only=True, **arrays)
@@ -201,8 +206,7 @@ def load_prepared(
         host = parts[0] if len(parts) == 1 else np.concatenate(parts)
         arrays[name] = backend.asarray(host) if backend.is_cuda else np.ascontiguousarray(host)
     if buckets is not None:
-        users = [np.arange(*entries[b]["users"], dtype=np.int32) for b in chosen]
-        host_users = np.concatenate(users) if users else np.zeros(0, np.int32)
+        host_users = _shard_users(entries, chosen)
         arrays["test_users"] = backend.asarray(host_users) if backend.is_cuda else host_users
         arrays["shard"] = tuple(chosen)
     elif sum(e["n_train"] for e in entries) != meta["n_train"]:

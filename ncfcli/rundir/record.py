@@ -154,7 +154,8 @@ def write_config(run_dir: Path, config: dict[str, Any]) -> None:
 
 
 def save_best(run_dir: Path, state: dict[str, Any]) -> None:
-    save_checkpoint(run_dir / BEST, state)
+    """best.pt: a checkpoint's state without its optimizer (it is for scoring, not resuming)."""
+    save_checkpoint(run_dir / BEST, {k: v for k, v in state.items() if k != "optimizer"})
 
 
 def write_checkpoint(run: Path, state: dict[str, Any], epoch: int, keep: int) -> Path:

@@ -18,12 +18,12 @@ from ncfcli.rundir import record
 from ncfcli.rundir.logs import RunLog
 from ncfcli.scoring.metrics import full_split
 from ncfcli.scoring.selection import selection_key
-from ncfcli.training import recency
+from ncfcli.training import recency, validation
 from ncfcli.training.config import TrainConfig, tunables
 from ncfcli.training.defaults import BASE
 from ncfcli.training.run import TrainResult, describe_dataset
 from ncfcli.training.start import check_ages
-from ncfcli.training.validation import KS, evaluate_split, needs_full, selecting_split
+from ncfcli.training.validation import KS, needs_full, selecting_split
 
 KEEP = {
     "als": ("factors", "als_reg", "als_alpha", "als_iterations"),
@@ -86,7 +86,9 @@ class _Fit:
                 recency_span=self.recency[1],
             )
             model, seconds = baselines.fit(bcfg, data, self.backend, self.seed, self.pos_weight)
-            scores = {chosen_by: evaluate_split(model, held, self.env, self.eval_batch, full)}
+            scores = {
+                chosen_by: validation.evaluate_split(model, held, self.env, self.eval_batch, full)
+            }
             if len(grid) > 1:
                 tried.append({**point, **scores[chosen_by]})
             key = selection_key(scores[chosen_by], self.metric)
@@ -131,7 +133,7 @@ def fit_baseline(
     values, bcfg, model, fit_seconds, scores, tried = fit.choose(opts, grid, keep)
     if "test" not in scores and score_test:  # read once, for the chosen values only
         held = tuple(backend.to_torch(a) for a in data.held_out("test", backend.xp))
-        scores["test"] = evaluate_split(model, held, env, eval_batch)
+        scores["test"] = validation.evaluate_split(model, held, env, eval_batch)
     cfg = replace(
         cfg,
         seed=seed,

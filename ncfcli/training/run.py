@@ -190,7 +190,7 @@ def save_epoch(s: Session, epoch: int, improved: bool, run_log: RunLog) -> None:
     full = checkpoint_state(s, epoch)
     record.write_checkpoint(s.run_dir, full, epoch, s.cfg.keep_checkpoints)
     if improved:
-        record.save_best(s.run_dir, {k: v for k, v in full.items() if k != "optimizer"})
+        record.save_best(s.run_dir, full)
     run_log.epoch(s.history)
 
 
@@ -205,7 +205,7 @@ def record_test(s: Session, run_log: RunLog) -> None:
     if s.best_live:
         # The model holds the chosen (last) epoch's weights: best.pt is written from them, as
         # save_epoch wrote it, not read back (at MLPerf's size 2.2 GB more on rank 0).
-        record.save_best(s.run_dir, {k: v for k, v in full.items() if k != "optimizer"})
+        record.save_best(s.run_dir, full)
     else:
         kept = load_checkpoint(s.run_dir / BEST)
         kept["best"] = s.best
