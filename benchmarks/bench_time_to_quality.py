@@ -247,7 +247,7 @@ def profile_one(
     def step_gradients(stepper: Any, batch: Any, seqs: Any = None) -> Any:
         """The one-slice step of optim.step_gradients, each half timed: the kind's loss and the
         term's read disjoint parameters, so two backward passes give the one pass's gradients."""
-        n = batch.labels.shape[0]
+        n = batch.n_samples
         assert not stepper.micro_batch or stepper.micro_batch >= n, "--profile times unsliced steps"
         amp_ctx, scaler, model = stepper.amp_ctx, stepper.scaler, stepper.model
         with timers("kind forward"), amp_ctx():

@@ -25,6 +25,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.engines import memory as memory_engine
 from ncfcli.data.layout import AGE_ARRAY, ARRAYS, VALID_ARRAYS
 from ncfcli.data.raw import RawInteractions
+from ncfcli.data.shared_negatives import SharedSampler
 from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.data.xops import group_max, sorted_unique, unique_inverse
 from ncfcli.launch.environment import DistEnv
@@ -113,6 +114,17 @@ def test_an_epoch_under_cupy_rules_gives_numpys_samples(prepared: dict[str, Path
         for x, y in zip(want.arrays, got.arrays, strict=True):
             np.testing.assert_array_equal(x, strict.asnumpy(y))
         assert [b[0].shape[0] for b in got] == [b[0].shape[0] for b in want]
+
+
+def test_shared_negatives_under_cupy_rules_give_numpys_steps(prepared: dict[str, Path]) -> None:
+    plain = SharedSampler(load_prepared(prepared["numpy"], CPU), CPU, 4, 40, seed=3)
+    with no_implicit_numpy():
+        checked = SharedSampler(_strict_data(prepared["numpy"]), strict_backend(), 4, 40, seed=3)
+        got = checked.epoch(2, 256)
+    want = plain.epoch(2, 256)
+    for x, y in zip(want.arrays, got.arrays, strict=True):
+        np.testing.assert_array_equal(x, strict.asnumpy(y))
+    assert not np.asarray(want.keep).all()  # the bitmap found positives among the draws
 
 
 @pytest.mark.parametrize("split", ["test", "validation"])

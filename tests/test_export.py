@@ -413,7 +413,7 @@ def test_the_serving_page_runs_right_after_the_readme_quickstart(
     best = tmp_path / "runs" / "synthetic" / "best.pt"
     exported = best.read_bytes()
     res = runner.invoke(app, ["train", "data/synthetic", "--out", "runs/synthetic", "--resume",
-                              "--epochs", "25", "-q"])  # fmt: skip
+                              "--epochs", "25", "--patience", "0", "-q"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert best.read_bytes() != exported, "the resumed epochs chose no new best epoch"
     graph = (export / "model.onnx").read_bytes()

@@ -150,6 +150,7 @@ CHANGED_ON_RESUME: dict[str, list[Any]] = {
     "sequence_weight": ["--sequence-weight", 2.0],
     "neg_per_pos": ["--neg-per-pos", 3],
     "approx_negatives": ["--approx-negatives"],
+    "shared_negatives": ["--shared-negatives", 16],
     "seed": ["--seed", 9],
     "batch_size": ["--batch-size", 1024],
     "scaling": ["--scaling", "weak"],

@@ -227,7 +227,10 @@ def test_max_steps_ends_the_run_with_a_scored_checkpoint(
     assert result["stopped_by"] == "--max-steps" and result["best_epoch"] == 1
     (row,) = history(run)  # one epoch, scored: validation, then test once
     assert row["validation"]["hr@10"] > 0 and row["test"]["hr@10"] > 0
-    per_step = 512
+    train = json.loads((run / "config.json").read_text())["train"]
+    per = 1 + train["neg_per_pos"] if train["shared_negatives"] else 1  # samples a row stands for
+    per_step = 512 // per // 8 * 8 * per  # shared: whole positives, a multiple of 8, a step
+    assert train["shared_negatives"] and per_step == 8 * 33  # the default's
     assert row["samples_per_second"] * row["train_seconds"] == pytest.approx(7 * per_step)
     assert (
         torch.load(run / "checkpoints" / "last.pt", weights_only=True)["optimizer"]["tables"][
@@ -238,7 +241,7 @@ def test_max_steps_ends_the_run_with_a_scored_checkpoint(
     again = ncf("train", "--out", str(run), "--resume", "--max-steps", "7", "--json", "-q")
     assert again.returncode == 1
     assert again.stderr.strip() == (
-        "error: --max-steps 7 is behind this run: epoch 2 starts at step 445 (an epoch "
+        "error: --max-steps 7 is behind this run: epoch 2 starts at step 863 (an epoch "
         "--max-steps ended counts as done)"
     )
 

@@ -227,9 +227,13 @@ class NegativeSampler:
         j -= self._offsets[u]
         return (r + j).astype(xp.int32)
 
+    def positions_total(self) -> int:
+        """The epoch's positions: one per sample (a positive or a negative)."""
+        return self.n_pos * (1 + self.neg_per_pos)
+
     def positions(self, batch_size: int) -> tuple[int, int, int]:
         """(full global steps, rank's tail size, global batch) for a per-rank batch_size."""
-        total = self.n_pos * (1 + self.neg_per_pos)
+        total = self.positions_total()
         world = self.env.world_size
         global_batch = batch_size * world
         steps = total // global_batch
@@ -248,7 +252,7 @@ class NegativeSampler:
         xp = self.xp
         local = xp.arange(start, stop, dtype=xp.int64)
         if self.common is not None:  # a shard: its own permutation, wrapped round
-            return local % (self.n_pos * (1 + self.neg_per_pos))
+            return local % self.positions_total()
         steps, tail, global_batch = self.positions(batch_size)
         step, within = local // batch_size, local % batch_size
         full = step * global_batch + self.env.rank * batch_size + within
@@ -264,8 +268,8 @@ class NegativeSampler:
         total = n_pos * (1 + self.neg_per_pos)
         n = self.samples_per_epoch(batch_size)
         streams = 2 * self.stream  # 0 and 1 for the whole data, others for a shard's
-        perm = KeyedPermutation(total, _salt(self.seed, epoch, streams), xp, self.walk_passes)
-        neg_salt = _salt(self.seed, epoch, streams + 1)
+        perm = KeyedPermutation(total, key_salt(self.seed, epoch, streams), xp, self.walk_passes)
+        neg_salt = key_salt(self.seed, epoch, streams + 1)
         users = xp.empty(n, dtype=xp.int32)
         items = xp.empty(n, dtype=xp.int32)
         labels = xp.empty(n, dtype=xp.float32)
@@ -306,7 +310,7 @@ class NegativeSampler:
 _MASK64 = (1 << 64) - 1
 
 
-def _salt(seed: int, epoch: int, stream: int) -> int:
+def key_salt(seed: int, epoch: int, stream: int) -> int:
     """A 64-bit key for (seed, epoch, stream), mixed on the host."""
     x = (
         seed * 0x9E3779B97F4A7C15 + epoch * 0xC2B2AE3D27D4EB4F + stream * 0x165667B19E3779F9
@@ -353,7 +357,7 @@ class KeyedPermutation:
         self.xp = xp
         self.passes = max(1, passes)
         self.half = max(1, ((max(n, 2) - 1).bit_length() + 1) // 2)
-        self.keys = [_salt(salt, r, 2) for r in range(self.ROUNDS)]
+        self.keys = [key_salt(salt, r, 2) for r in range(self.ROUNDS)]
 
     def _once(self, x: Any) -> Any:
         xp = self.xp

@@ -27,7 +27,7 @@ from torch import nn
 from ncfcli.model.bias import Biases, bias_tables
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.gmf import GMF
-from ncfcli.model.layers import SplitLinear, lecun_uniform_, row_sq_sum, table
+from ncfcli.model.layers import SplitLinear, lecun_uniform_, row_sq_sum, rows, table
 from ncfcli.model.mlp import MLP, mlp_layers
 from ncfcli.model.order import Order
 from ncfcli.model.sequence import Sequence
@@ -221,14 +221,24 @@ class NCF(nn.Module):
         return context
 
     def forward(
-        self, users: torch.Tensor, items: torch.Tensor, context: torch.Tensor | None = None
+        self,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        context: torch.Tensor | None = None,
+        negatives: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """users [B], items [B] (int32/int64), and context: [B] for a model with an order term,
-        the windows [B, L] for one with a sequence term -> logits [B]."""
+        the windows [B, L] for one with a sequence term -> logits [B]. In training, with a step's
+        shared `negatives` [K] (ncfcli/data/shared_negatives.py): logits [B, 1 + K], each row its
+        positive's, then the K items' for the same user (`shared_scores`)."""
         context = self._check_context(context)
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
             context = context.long() if context is not None else None
+        if negatives is not None:
+            if context is not None and context.dim() != 1:
+                raise ValueError("shared negatives train the kind on its previous items [B]")
+            return self.shared_scores(users, items, context, negatives.long())
         if context is None or context.dim() == 1:
             return self.with_states(users, items, context)
         assert self.sequence is not None
@@ -252,6 +262,71 @@ class NCF(nn.Module):
             assert self.sequence is not None
             out = out + self.sequence.score_states(items, states)
         return out
+
+    def shared_scores(
+        self,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        last: torch.Tensor | None,
+        negatives: torch.Tensor,
+    ) -> torch.Tensor:
+        """users [P], items [P] (positives), last [P] (the order term's previous items; None:
+        no term), negatives [K] -> logits [P, 1 + K]: column 0 each positive's, column 1 + j
+        item negatives[j]'s for the same user. The positives' and the K items' rows are
+        gathered once (one scatter in backward) and the K columns are one matrix product per
+        table, where per-pair scoring gathers P x (1 + K) rows: the kinds whose score is a
+        product (mf, gmf) only."""
+        if self.gmf_tower is None or self.mlp_tower is not None:
+            raise ValueError(
+                f"shared negatives score products: --model mf or gmf, not {self.cfg.kind}"
+            )
+        n_pos = items.shape[0]
+        both = torch.cat([items, negatives])  # [P + K]
+        u = rows(self.gmf_tower.user.weight, users, self.training)  # [P, F]
+        q = rows(self.gmf_tower.item.weight, both, self.training)  # [P + K, F]
+        if self.biases is not None:  # mf: <p_u, q_i> + b_u + b_i + b
+            pos = (u * q[:n_pos]).sum(dim=1, keepdim=True)
+            out = torch.cat([pos, u @ q[n_pos:].t()], dim=1)
+            b_u = rows(self.biases.user.weight, users, self.training)  # [P, 1]
+            b_i = rows(self.biases.item.weight, both, self.training)[:, 0]  # [P + K]
+            col = torch.cat([b_i[:n_pos, None], b_i[None, n_pos:].expand(n_pos, -1)], dim=1)
+            out = out + col + b_u + self.global_bias
+        else:  # gmf: h^T (p_u ⊙ q_i) + c
+            assert self.head is not None
+            h, c = self.head.weights[0], self.head.bias  # [1, F], [1]
+            pos = (u * q[:n_pos]) @ h.t()
+            out = torch.cat([pos, (u * h) @ q[n_pos:].t()], dim=1) + c
+        if self.order_term is not None and last is not None:
+            p = rows(self.order_term.prev.weight, last, self.training)  # [P, O]
+            nq = rows(self.order_term.item.weight, both, self.training)  # [P + K, O]
+            pos = (p * nq[:n_pos]).sum(dim=1, keepdim=True)
+            out = out + torch.cat([pos, p @ nq[n_pos:].t()], dim=1)
+        return out
+
+    def shared_row_sq_sum(
+        self,
+        users: torch.Tensor,
+        items: torch.Tensor,
+        last: torch.Tensor | None,
+        negatives: torch.Tensor,
+        neg_per_pos: int,
+    ) -> torch.Tensor:
+        """The L2 sum of squares that `row_sq_sum` takes over the P x (1 + neg_per_pos) samples
+        these shared-negative rows stand for: each positive's user and previous-item rows
+        1 + neg_per_pos times, its item's once, each of the K items' P x neg_per_pos / K
+        times (the weight of each shared logit) -> [] float."""
+        each = float(items.shape[0] * neg_per_pos) / negatives.shape[0]
+        parts = (
+            (float(1 + neg_per_pos), ((self.user_gmf, users), (self.prev_item, last))),
+            (1.0, ((self.item_gmf, items), (self.next_item, items))),
+            (each, ((self.item_gmf, negatives), (self.next_item, negatives))),
+        )
+        total = users.new_zeros((), dtype=torch.float32)
+        for times, read in parts:
+            for tab, ids in read:
+                if tab is not None and ids is not None:
+                    total = total + times * row_sq_sum(tab.weight, ids.long(), self.training)
+        return total
 
     def sequence_loss(
         self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1

@@ -30,6 +30,7 @@ _SHOW = (("model", "model"), ("factors", "factors"), ("layers", "layers"), ("dro
          ("epochs", "epochs"), ("batch_size", "batch"), ("lr", "lr"), ("beta1", "beta1"),
          ("beta2", "beta2"), ("eps", "eps"), ("l2", "l2"), ("lr_decay", "decay"),
          ("neg_per_pos", "neg/pos"), ("approx_negatives", "approx-neg"), ("seed", "seed"),
+         ("shared_negatives", "shared-neg"),
          ("target_hr", "target-hr"), ("amp", "amp"), ("scaling", "scaling"),
          ("warmup_epochs", "warmup"))  # fmt: skip
 

@@ -202,6 +202,15 @@ class TrainConfig:
         aliases=("--negative_samples",),
         check=AT_LEAST_1,
     )
+    shared_negatives: int | None = opt(
+        None,
+        "K items a step, shared by its positives (0: each its own).",
+        DATA,
+        fixed=SAMPLES,
+        shown=BY_SIZE,
+        check=AT_LEAST_0,
+        legacy=0,
+    )
     recency_weight: float | None = opt(
         None,
         "A positive weighs 1 + this x exp(-age / span); age: its user's later positives.",
@@ -273,6 +282,14 @@ class TrainConfig:
         shown="off",
         aliases=("--threshold", "-t"),
         check=(lambda v: 0 < v <= 1, "in (0, 1]"),
+    )
+    patience: int | None = opt(
+        None,
+        "Stop N scored epochs after the best validation (0 = off).",
+        EVAL,
+        shown=BY_SIZE,
+        check=AT_LEAST_0,
+        legacy=0,
     )
     amp: bool | None = opt(
         None,

@@ -14,7 +14,7 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
     (200_000, "< 200k (ml-100k)",
      {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
-      "l2": 1e-3, "recency_weight": 16.0, "order_factors": 64, "sequence_length": 20}),
+      "l2": 1e-3, "shared_negatives": 256, "patience": 3, "recency_weight": 16.0, "order_factors": 64, "sequence_length": 20}),
     (5_000_000, "< 5M (ml-1m)",
      {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
@@ -40,7 +40,8 @@ BASE: dict[str, Any] = {
     "lr_decay": "none", "recency_weight": 0.0, "recency_span": 10.0, "order_factors": 0,
     "model": "neumf", "target_hr": None, "eval_batch": 1 << 20, "eval_every": 1,
     "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
-    "sequence_weight": 1.0, "keep_checkpoints": 3,
+    "sequence_weight": 1.0, "keep_checkpoints": 3, "shared_negatives": 0,
+    "patience": 0,
 }  # fmt: skip
 
 # Past the first tier, the order term where the validation probe (ncfcli/training/recency.py)
@@ -50,7 +51,7 @@ ORDER_FACTORS_ON = 64
 # Options whose default depends on the dataset's size (their help says so).
 BY_SIZE = (
     "model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers", "dropout",
-    "neg_per_pos", "l2", "recency_weight", "order_factors", "sequence_length",
+    "neg_per_pos", "shared_negatives", "patience", "l2", "recency_weight", "order_factors", "sequence_length",
 )  # fmt: skip
 
 

@@ -131,8 +131,8 @@ def run_training(
 ) -> TrainResult:
     """The run, top to bottom: the dataset (with a --refit's settings and validation merged
     in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
-    each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs or
-    --target-hr."""
+    each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs,
+    --target-hr or --patience."""
     # This rank's data: all of it, or with --shard users (or auto's choice) its buckets only.
     data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
@@ -178,9 +178,11 @@ def run_training(
             totals.trained += 1
             del batches  # its views keep the epoch's arrays alive
             # None: not a scored epoch (--eval-every)
-            if ep.truncated or (scores is not None and _stops(s, epoch, scores, hooks)):
+            why = "--max-steps" if ep.truncated else ""
+            why = why or (_stops(s, epoch, scores, hooks) if scores is not None else "")
+            if why:
                 totals.stopped_early = epoch < cfg.epochs or ep.truncated
-                totals.stopped_by = "--max-steps" if ep.truncated else "--target-hr"
+                totals.stopped_by = why
                 break
         if hooks.score_test:
             _score_chosen(s, run_log)
@@ -190,13 +192,20 @@ def run_training(
     return _result(s, totals, t_start)
 
 
-def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: Hooks) -> bool:
-    """Whether the run stops after this scored epoch: --target-hr reached on the split that
-    chooses, or the caller's `on_epoch` said so."""
+def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: Hooks) -> str:
+    """Why the run stops after this scored epoch ("" where it goes on): --target-hr reached on
+    the split that chooses, --patience scored epochs without a better validation figure than
+    the chosen epoch's, or the caller's `on_epoch` said so."""
     chosen_by = scores["test" if s.select == "last" else s.select]
     if s.cfg.target_hr is not None and chosen_by["hr@10"] >= s.cfg.target_hr:
-        return True
-    return hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores)
+        return "--target-hr"
+    patience, every = int(s.cfg.patience or 0), int(s.cfg.eval_every or 1)
+    best = s.best["epoch"] if s.best is not None else epoch
+    if patience and s.select == "validation" and epoch - best >= patience * every:
+        return "--patience"
+    if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
+        return "--target-hr"
+    return ""
 
 
 @dataclass
@@ -247,7 +256,8 @@ def epoch_steps(
             f"--max-steps {cfg.max_steps} is behind this run: epoch {epoch} starts at step "
             f"{(epoch - 1) * n_steps + first} (an epoch --max-steps ended counts as done)"
         )
-    for users, items, labels, weights, prev in batches.batches(first):
+    for columns in batches.batches(first):
+        batch = Batch(*columns)  # a step's rows (ncfcli/data/batches.py, shared_negatives.py)
         if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
             seed_dropout(s.device, dropout_base, step)
         # Set every step (a resumed run's optimizer state holds the old run's lr).
@@ -257,15 +267,15 @@ def epoch_steps(
             g["lr"] = ep.lr_now * g.get("lr_scale", 1.0)
         s.optimizer.zero_grad(set_to_none=True)
         seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
-        loss = step_gradients(stepper, Batch(users, items, labels, weights, prev), seqs)
+        loss = step_gradients(stepper, batch, seqs)
         s.scaler.step(s.optimizer)
         s.scaler.update()
         step += 1
-        acc[0] += loss.detach() * labels.shape[0]
-        acc[1] += labels.shape[0]
+        acc[0] += loss.detach() * batch.n_samples
+        acc[1] += batch.n_samples
         if check_sync:
             _check_sync(s.model, env, step)
-        bar.advance(task, labels.shape[0] * env.world_size)
+        bar.advance(task, batch.n_samples * env.world_size)
         # One process stops on its own flag at once; several decide together at a read.
         stop = interrupt.requested and not env.enabled
         if step % read_every == 0 or step == n_steps or stop:

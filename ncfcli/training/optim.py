@@ -238,19 +238,38 @@ def seed_dropout(device: torch.device, base: int, step: int) -> None:
 @dataclass(frozen=True)
 class Batch:
     """One step's rows (data/batches.py): users, items, labels, their loss weights, and the order
-    or sequence term's context (previous items [B] or [B, L]; None without one)."""
+    or sequence term's context (previous items [B] or [B, L]; None without one). With shared
+    negatives (data/shared_negatives.py) the rows are positives (labels None), each scored
+    against the step's `negatives` [K] standing for its `neg_per_pos` negatives."""
 
     users: torch.Tensor
     items: torch.Tensor
-    labels: torch.Tensor
+    labels: torch.Tensor | None
     weights: torch.Tensor | None
     prev: torch.Tensor | None
+    negatives: torch.Tensor | None = None
+    neg_per_pos: int = 0
+    keep: torch.Tensor | None = None  # [P, K]: False where the row's user has the item
+    share: float | None = None  # shared: the global step's samples / ranks
+
+    @property
+    def n_samples(self) -> float:
+        """The samples the rows count for in the loss: their labels; with shared negatives the
+        rank's share of the global step's (1 + neg_per_pos a positive, split over the ranks)."""
+        if self.labels is not None:
+            return int(self.labels.shape[0])
+        if self.share is not None:
+            return self.share
+        return int(self.users.shape[0]) * (1 + self.neg_per_pos)
 
     def rows(self, lo: int, hi: int) -> Batch:
-        """Rows lo..hi: a micro-batch's slice."""
+        """Rows lo..hi: a micro-batch's slice (the shared negatives are every slice's)."""
         w = self.weights[lo:hi] if self.weights is not None else None
         p = self.prev[lo:hi] if self.prev is not None else None
-        return Batch(self.users[lo:hi], self.items[lo:hi], self.labels[lo:hi], w, p)
+        labels = self.labels[lo:hi] if self.labels is not None else None
+        keep = self.keep[lo:hi] if self.keep is not None else None
+        return Batch(self.users[lo:hi], self.items[lo:hi], labels, w, p, self.negatives,
+                     self.neg_per_pos, keep, self.share)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -267,25 +286,49 @@ class Stepper:
 
 
 def pointwise_loss(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, n: int
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, n: float
 ) -> torch.Tensor:
     """These rows' share of a batch of n samples' weighted BCE: their mean when they are the
-    whole batch (as a plain step computes it), else their sum / n. Every training step's
+    whole batch (as a plain step computes it), else their sum / n (always for shared
+    negatives' [P, 1 + K], whose weights sum to n). Every training step's
     pointwise loss goes through here, so a test injects a failure (Ctrl-C, NaN, out of memory)
     by replacing this function, not torch's."""
-    if labels.shape[0] == n:
+    if labels.dim() == 1 and labels.shape[0] == n:
         return F.binary_cross_entropy_with_logits(logits, labels, weight=weights)
     total = F.binary_cross_entropy_with_logits(logits, labels, weight=weights, reduction="sum")
     return total.div(n)
 
 
-def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
+def shared_targets(rows: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(labels, weights) [P, 1 + K] of shared-negative rows: column 0 the positive (label 1,
+    its weight), each of the K columns label 0 and weight neg_per_pos / K, 0 where the row's
+    user has a training positive on the shared item (`keep`: data/shared_negatives.py)."""
+    assert rows.negatives is not None and rows.keep is not None
+    n_pos, k = rows.users.shape[0], rows.negatives.shape[0]
+    neg = rows.keep.float().mul_(rows.neg_per_pos / k)
+    pos = rows.weights[:, None] if rows.weights is not None else neg.new_ones(n_pos, 1)
+    labels = torch.zeros(n_pos, 1 + k, device=neg.device)
+    labels[:, 0] = 1.0
+    return labels, torch.cat([pos, neg], dim=1)
+
+
+def slice_loss(stepper: Stepper, rows: Batch, n: float) -> torch.Tensor:
     """These rows' share of a batch of n samples' loss: the weighted BCE (`pointwise_loss`) plus
     the L2 of their embedding rows / n."""
     ddp, prev = stepper.ddp, rows.prev
-    users, items, labels = rows.users, rows.items, rows.labels
+    users, items = rows.users, rows.items
+    if rows.negatives is not None:  # shared negatives: [P, 1 + K] logits
+        logits = ddp(users, items, prev, negatives=rows.negatives).float()
+        targets, weights = shared_targets(rows)
+        loss = pointwise_loss(logits, targets, weights, n)
+        if stepper.l2:
+            sq = stepper.model.shared_row_sq_sum(users, items, prev, rows.negatives,
+                                                 rows.neg_per_pos)  # fmt: skip
+            loss = loss + stepper.l2 * sq / n
+        return loss
+    assert rows.labels is not None
     logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
-    loss = pointwise_loss(logits, labels, rows.weights, n)
+    loss = pointwise_loss(logits, rows.labels, rows.weights, n)
     if stepper.l2:
         # Penalise only this batch's rows, so rare items are not pulled to 0 every step.
         loss = loss + stepper.l2 * stepper.model.row_sq_sum(users, items, prev) / n
@@ -304,23 +347,25 @@ def step_gradients(
     loss joins the last slice's (the two read disjoint parameters). DDP all-reduces once, on the
     last slice. Returns the batch's pointwise loss, detached."""
     model, scaler, amp_ctx = stepper.model, stepper.scaler, stepper.amp_ctx
-    n = batch.labels.shape[0]
-    size = min(n, stepper.micro_batch or n)
-    if size == n:  # one slice: the plain step, with no slicing or accumulation to pay for
+    n, n_rows = batch.n_samples, int(batch.users.shape[0])
+    per_row = 1 + batch.neg_per_pos if batch.negatives is not None else 1  # samples a row is
+    size = min(n_rows, max(1, int(stepper.micro_batch or n) // per_row))
+    if size == n_rows:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
             loss = slice_loss(stepper, batch, n)
             extra = model.sequence_loss(*seqs) if seqs is not None else 0.0
         scaler.scale(loss + extra).backward()
         return loss.detach()
-    total = torch.zeros((), dtype=torch.float32, device=batch.labels.device)
+    total = torch.zeros((), dtype=torch.float32, device=batch.users.device)
     no_sync: Any = getattr(stepper.ddp, "no_sync", None)  # DistributedDataParallel's
-    for lo in range(0, n, size):
-        hi = min(n, lo + size)
-        sync = no_sync() if no_sync is not None and hi < n else contextlib.nullcontext()
+    for lo in range(0, n_rows, size):
+        hi = min(n_rows, lo + size)
+        last = hi == n_rows
+        sync = no_sync() if no_sync is not None and not last else contextlib.nullcontext()
         with sync:  # backward under no_sync too: it is where DDP would all-reduce
             with amp_ctx():
                 loss = slice_loss(stepper, batch.rows(lo, hi), n)
-                extra = model.sequence_loss(*seqs) if hi == n and seqs is not None else 0.0
+                extra = model.sequence_loss(*seqs) if last and seqs is not None else 0.0
             scaler.scale(loss + extra).backward()
         total += loss.detach()
     return total

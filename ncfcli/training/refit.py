@@ -59,6 +59,8 @@ def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tra
         saved.get("target_hr") is not None and best["validation"]["hr@10"] >= saved["target_hr"]
     )
     done = int(ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))["epoch"])
+    patience = int(saved.get("patience") or 0) * int(saved.get("eval_every") or 1)
+    reached = reached or bool(patience and done - int(best["epoch"]) >= patience)  # --patience
     if done < planned and not reached:
         raise NcfError(
             f"--refit {source} has trained {done} of its {planned} epochs, so its "

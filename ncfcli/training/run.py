@@ -44,7 +44,9 @@ class TrainResult:
     device: str
     world_size: int
     peak_gpu_bytes: int | None = None  # this process's device high-water mark; None on the CPU
-    stopped_by: str = ""  # the option that stopped it early: "--target-hr", "--max-steps"
+    stopped_by: str = (
+        ""  # the option that stopped it early: "--target-hr", "--patience", "--max-steps"
+    )
     tables: str = "dense"  # row-sparse or dense embedding tables, and why (training/tables.py)
     recency_weight: float = 0.0  # the --recency-weight the run trained with
     recency_probe: dict[str, Any] | None = None  # the validation probe that decided it, if one ran

@@ -30,6 +30,7 @@ from ncfcli.backend import Backend
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.sequences import SequenceBatches
+from ncfcli.data.shared_negatives import SharedSampler
 from ncfcli.data.store import load_prepared
 from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
@@ -86,7 +87,9 @@ def start(
     asked = cfg.sequence_length
     if saved is not None and asked:  # the command that started a capped run, with --resume
         cfg = replace(cfg, sequence_length=as_capped(asked, saved, data, backend))
+    shared_asked = cfg.shared_negatives
     cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
+    cfg = shared_choice(cfg, shared_asked, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
     assert cfg.epochs is not None and cfg.batch_size is not None and cfg.lr is not None
@@ -241,6 +244,27 @@ def resolve_options(
                 check_ages(cfg, data, "--" + name.replace("_", "-"))
             cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
     return cfg, probed
+
+
+SHARED_KINDS = ("mf", "gmf")  # the kinds whose score is a product (NCF.shared_scores)
+
+
+def shared_choice(cfg: TrainConfig, asked: int | None, sharded: bool) -> TrainConfig:
+    """--shared-negatives as the run trains it: a size default is off (0) for a kind with an
+    MLP and under --shard users (whose ranks stream their own samples); asked for there, it is
+    refused with one line."""
+    if not cfg.shared_negatives:
+        return cfg
+    why = ""
+    if cfg.model not in SHARED_KINDS:
+        why = f"it scores with products, --model {' or '.join(SHARED_KINDS)}, not {cfg.model}"
+    elif sharded:
+        why = "--shard users streams each rank's own samples"
+    if not why:
+        return cfg
+    if asked:
+        raise NcfError(f"--shared-negatives {asked}: {why}; drop it (or pass 0)", exit_code=2)
+    return replace(cfg, shared_negatives=0)
 
 
 # The notes on the summary's "sequence term" row and in config.json's "sequence_note".
@@ -443,6 +467,18 @@ def _sampler(
             data.n_users,
         )
     pos_prev = data.previous_items(backend.xp) if cfg.order_factors else None
+    if cfg.shared_negatives:  # a step's samples are whole positives, each 1 + neg samples
+        shared = SharedSampler(
+            data,
+            backend,
+            neg,
+            int(cfg.shared_negatives),
+            seed=cfg.seed or 0,
+            env=env,
+            pos_weight=pos_weight,
+            pos_prev=pos_prev,
+        )
+        return shared, max(1, shared.layout(local_batch)[1]) * (1 + neg)
     sampler = NegativeSampler(
         data,
         backend,
