@@ -124,7 +124,7 @@ def test_small_data_halves_the_default_batch_until_an_epoch_has_enough_steps() -
     assert given.batch_size == 1 << 14
     saved = {**size_defaults(13_388), "batch_size": 1 << 14}
     assert resolve(TrainConfig(data_dir="d"), 13_388, 1, saved).batch_size == 1 << 14
-    assert resolve(TrainConfig(data_dir="d"), 300_000, 1, None).batch_size == 1 << 16
+    assert resolve(TrainConfig(data_dir="d"), 600_000, 1, None).batch_size == 1 << 16
 
 
 def test_warmup_ramps_the_lr_from_its_first_step(

@@ -93,7 +93,7 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
     from ncfcli.training.start import resolve_options
 
     backend = get_backend("cpu")
-    second_tier = 300_000
+    second_tier = 600_000
     assert size_defaults(second_tier)["order_factors"] == 0
     got = {}
     for ordered in (True, False):

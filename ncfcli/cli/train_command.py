@@ -92,7 +92,7 @@ def train(
     json_out: bool = json_option(),
     quiet: bool = quiet_option("No progress bars, hyper-parameters or table."),
 ) -> None:
-    """Train a model on a prepared dataset: MF below 200k training positives, else NeuMF
+    """Train a model on a prepared dataset: MF below 500k training positives, else NeuMF
     (--model: GMF, MLP, baselines); HR@10/NDCG@10 each epoch, checkpoints, curves."""
     # Spinning OpenMP threads starve each other on a busy or small CPU (10x slower measured on
     # 2 shared cores); sleeping ones cost little. Only takes effect before torch loads.
