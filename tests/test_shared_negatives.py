@@ -77,6 +77,9 @@ def test_keep_is_false_exactly_where_the_rows_user_has_the_item() -> None:
             hits += want.count(False)
             assert int(items[r]) in owned[u]
     assert hits > 50  # the check had positives to find, in every word of the bitmap
+    data = _hand_made(pos, test=[0] * len(pos), n_items=150)
+    approx = SharedSampler(data, CPU, neg_per_pos=4, shared=40, seed=7, verified=False)
+    assert np.asarray(approx.epoch(3, 35).keep).all()  # --approx-negatives: NVIDIA's draws
 
 
 @pytest.mark.parametrize(("world", "batch"), [(2, 35), (4, 20), (3, 40)])

@@ -19,7 +19,8 @@ The draws are verified, as the per-positive ones are (ncfcli/data/batches.py): a
 the step's K that is one of the row's user's training positives (its own positive included) is
 masked out of that row's loss. Unverified, such items were pushed down as negatives: on
 MovieLens-100K (6% of the catalogue per user) per-positive unverified draws cost 0.022
-validation HR@10. The check reads a bitmap of the training positives, a bit per (user, item):
+validation HR@10. `--approx-negatives` (verified=False) leaves them unmasked, as NVIDIA's
+draws are. The check reads a bitmap of the training positives, a bit per (user, item):
 n_users x n_items / 8 bytes (34 MB for Amazon Beauty's 22k users x 12k items), and the epoch
 keeps its mask, K bytes per positive.
 """
@@ -103,6 +104,7 @@ class SharedSampler(NegativeSampler):
         neg_per_pos: int,
         shared: int,
         seed: int = 0,
+        verified: bool = True,
         env: DistEnv | None = None,
         pos_weight: Any = None,
         pos_prev: Any = None,
@@ -114,9 +116,10 @@ class SharedSampler(NegativeSampler):
             pos_weight=pos_weight, pos_prev=pos_prev,
         )  # fmt: skip
         self.shared = shared
+        self.verified = verified  # False (--approx-negatives): no mask, NVIDIA's draws
         self.n_users = data.n_users
         self.words = -(-self.n_items // 64)  # a user's bitmap: n_items bits in uint64 words
-        self.bits = self._bitmap()
+        self.bits: Any = self._bitmap() if verified else None
 
     def _bitmap(self) -> Any:
         """uint64 [n_users, words]: bit i % 64 of word i // 64 set where the user has a training
@@ -201,8 +204,8 @@ class SharedSampler(NegativeSampler):
         uniform = counter_uniform(counters, key_salt(self.seed, epoch, 1), xp)
         negatives = xp.minimum(xp.floor(uniform * self.n_items), self.n_items - 1)
         negatives = negatives.astype(xp.int32).reshape(n_steps, self.shared)
-        keep = xp.empty((n, self.shared), dtype=xp.bool_)
-        for step in range(n_steps):  # each step's rows against its K (bounded temporaries)
+        keep = xp.ones((n, self.shared), dtype=xp.bool_)
+        for step in range(n_steps if self.verified else 0):  # each step's rows against its K
             lo, hi = step * p, min(n, (step + 1) * p)
             keep[lo:hi] = self._keep(users[lo:hi], negatives[step])
         arrays = tuple(a for a in (users, items, negatives, keep, weights, prev) if a is not None)

@@ -474,6 +474,7 @@ def _sampler(
             neg,
             int(cfg.shared_negatives),
             seed=cfg.seed or 0,
+            verified=not cfg.approx_negatives,
             env=env,
             pos_weight=pos_weight,
             pos_prev=pos_prev,
