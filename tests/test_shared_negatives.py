@@ -70,7 +70,7 @@ def test_keep_is_false_exactly_where_the_rows_user_has_the_item() -> None:
     ep = _sampler(pos).epoch(3, 35)
     owned = {u: set(items) for u, items in pos.items()}
     hits = 0
-    for users, items, _, _, _, negatives, _, keep, _ in ep:
+    for users, items, _, _, _, negatives, _, keep in ep:
         for r, u in enumerate(np.asarray(users).tolist()):
             want = [int(j) not in owned[u] for j in np.asarray(negatives)]
             assert np.asarray(keep[r]).tolist() == want
@@ -100,7 +100,7 @@ def test_ranks_split_each_global_step_and_draw_the_same_items(world: int, batch:
         assert len({len(q[0]) for q in parts}) == 1  # equal shares: the ranks' graphs match
         for part in parts:
             np.testing.assert_array_equal(np.asarray(part[5]), np.asarray(whole[5]))
-            assert part[8] == 5 * len(part[0])
+            assert Batch(*part).n_samples == 5 * len(part[0])
         got = _pairs(np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts]))
         seen += got
         if p % world == 0 and t < len(one) - 1:
@@ -127,6 +127,9 @@ def test_shared_scores_are_the_pairwise_logits(kind: str, order: int) -> None:
 
 
 def test_neumf_refuses_shared_negatives() -> None:
+    from ncfcli.model import kinds
+
+    assert all(k in kinds.WITH_GMF and k not in kinds.WITH_MLP for k in kinds.WITH_SHARED_NEGATIVES)
     model = build_model(ModelConfig(kind="neumf", n_users=4, n_items=6, factors=2, layers=(4, 2)))
     with pytest.raises(ValueError, match="mf or gmf"):
         model.train()(torch.tensor([0]), torch.tensor([1]), negatives=torch.tensor([2, 3]))

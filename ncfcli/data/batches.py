@@ -227,13 +227,9 @@ class NegativeSampler:
         j -= self._offsets[u]
         return (r + j).astype(xp.int32)
 
-    def positions_total(self) -> int:
-        """The epoch's positions: one per sample (a positive or a negative)."""
-        return self.n_pos * (1 + self.neg_per_pos)
-
     def positions(self, batch_size: int) -> tuple[int, int, int]:
         """(full global steps, rank's tail size, global batch) for a per-rank batch_size."""
-        total = self.positions_total()
+        total = self.n_pos * (1 + self.neg_per_pos)
         world = self.env.world_size
         global_batch = batch_size * world
         steps = total // global_batch
@@ -252,7 +248,7 @@ class NegativeSampler:
         xp = self.xp
         local = xp.arange(start, stop, dtype=xp.int64)
         if self.common is not None:  # a shard: its own permutation, wrapped round
-            return local % self.positions_total()
+            return local % (self.n_pos * (1 + self.neg_per_pos))
         steps, tail, global_batch = self.positions(batch_size)
         step, within = local // batch_size, local % batch_size
         full = step * global_batch + self.env.rank * batch_size + within

@@ -48,8 +48,8 @@ class SharedEpoch:
     users, items: int32 [n] (positives); weights: float32 [n] or None; prev: int32 [n] or None;
     negatives: int32 [steps, K]; keep: bool [n, K], False where row r's user has a training
     positive on its step's item k. Iterating yields (users, items, None, weights, prev,
-    negatives [K], neg_per_pos, keep [P, K], share) per step: P positives (the last step's
-    may be fewer), `share` the samples they stand for in the loss (1 + neg_per_pos each)."""
+    negatives [K], neg_per_pos, keep [P, K]) per step: P positives (the last step's may be
+    fewer), each standing for 1 + neg_per_pos samples in the loss."""
 
     users: Any
     items: Any
@@ -58,7 +58,6 @@ class SharedEpoch:
     positives_per_step: int
     neg_per_pos: int
     arrays: tuple[Any, ...]
-    shares: list[float]  # per step: the samples its rows stand for
     weights: Any = None
     prev: Any = None
 
@@ -72,7 +71,7 @@ class SharedEpoch:
         return int(self.users.shape[0]) * (1 + self.neg_per_pos)
 
     def __len__(self) -> int:
-        return len(self.shares)  # the same on every rank, an empty last step included
+        return int(self.negatives.shape[0])  # a row of K items a step, the same on every rank
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return self.batches(0)
@@ -90,7 +89,6 @@ class SharedEpoch:
                 self.negatives[step],
                 self.neg_per_pos,
                 self.keep[s : s + p],
-                self.shares[step],
             )
 
 
@@ -150,9 +148,6 @@ class SharedSampler(NegativeSampler):
         shift = (negatives & 63).astype(xp.uint64)
         return ((words >> shift[None, :]) & xp.uint64(1)) == 0
 
-    def positions_total(self) -> int:
-        return self.n_pos  # positions are positives; their negatives come with the step
-
     def per_step(self, batch_size: int) -> int:
         """Positives a global step takes for a per-rank batch of `batch_size` samples: the
         global batch's samples over the 1 + neg_per_pos each positive stands for, from 8 up
@@ -191,19 +186,17 @@ class SharedSampler(NegativeSampler):
         xp, be = self.xp, self.backend
         steps, p, last = self.layout(batch_size)
         n = steps * p + last
-        per = 1 + self.neg_per_pos
-        shares = [float(p * per)] * steps + ([float(last * per)] if last else [])
         perm = KeyedPermutation(self.n_pos, key_salt(self.seed, epoch, 0), xp, self.walk_passes)
         ids = perm(self._rank_positions(0, n, batch_size))
         users, items = self.pos_users[ids], self.pos_items[ids]
         weights = self.pos_weight[ids] if self.pos_weight is not None else None
         prev = self.pos_prev[ids] if self.pos_prev is not None else None
         # Global step t's K items: counters t*K .. (t+1)*K - 1, the same on every rank.
-        n_steps = len(shares)
+        n_steps = steps + (1 if last else 0)
         counters = xp.arange(n_steps * self.shared, dtype=xp.int64)
         uniform = counter_uniform(counters, key_salt(self.seed, epoch, 1), xp)
-        negatives = xp.minimum(xp.floor(uniform * self.n_items), self.n_items - 1)
-        negatives = negatives.astype(xp.int32).reshape(n_steps, self.shared)
+        # approx (set in __init__): uniform over the catalogue, unchecked; `keep` checks them
+        negatives = self._draw_items(uniform, None).reshape(n_steps, self.shared)
         keep = xp.ones((n, self.shared), dtype=xp.bool_)
         for step in range(n_steps if self.verified else 0):  # each step's rows against its K
             lo, hi = step * p, min(n, (step + 1) * p)
@@ -217,7 +210,6 @@ class SharedSampler(NegativeSampler):
             positives_per_step=p,
             neg_per_pos=self.neg_per_pos,
             arrays=arrays,
-            shares=shares,
             weights=be.to_torch(weights) if weights is not None else None,
             prev=be.to_torch(prev) if prev is not None else None,
         )

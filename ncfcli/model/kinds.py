@@ -15,6 +15,9 @@ ALL = NCF + BASELINES
 # The kinds with each tower: the GMF/MF embedding (--factors) and the MLP (--layers).
 WITH_GMF = ("neumf", "gmf", "mf")
 WITH_MLP = ("neumf", "mlp")
+# The kinds whose score is a product (a GMF tower, no MLP), which shared negatives score as
+# matrix products (ncfcli/model/neumf.py, NCF.shared_scores).
+WITH_SHARED_NEGATIVES = ("mf", "gmf")
 
 
 def is_baseline(kind: str | None) -> bool:

@@ -174,17 +174,31 @@ class NCF(nn.Module):
     ) -> torch.Tensor:
         """Sum of squares of the embedding rows that (users [B], items [B], context [B]) read
         -> [] float."""
-        total = users.new_zeros((), dtype=torch.float32)
-        for tab, ids in (
-            (self.user_gmf, users),
-            (self.item_gmf, items),
-            (self.user_mlp, users),
-            (self.item_mlp, items),
-            (self.prev_item, context),
-            (self.next_item, items),
-        ):
+        return self._weighted_sq_sum(
+            users,
+            (
+                (1.0, self.user_gmf, users),
+                (1.0, self.item_gmf, items),
+                (1.0, self.user_mlp, users),
+                (1.0, self.item_mlp, items),
+                (1.0, self.prev_item, context),
+                (1.0, self.next_item, items),
+            ),
+        )
+
+    def _weighted_sq_sum(
+        self,
+        like: torch.Tensor,
+        reads: tuple[tuple[float, nn.Embedding | None, torch.Tensor | None], ...],
+    ) -> torch.Tensor:
+        """sum of times x the squares of the rows ids read of table, over (times, table, ids)
+        (a table or ids None: the model has no such table, or nothing reads it) -> [] float
+        on `like`'s device."""
+        total = like.new_zeros((), dtype=torch.float32)
+        for times, tab, ids in reads:
             if tab is not None and ids is not None:
-                total = total + row_sq_sum(tab.weight, ids, self.training)
+                sq = row_sq_sum(tab.weight, ids, self.training)
+                total = total + (sq if times == 1.0 else times * sq)
         return total
 
     def _check_context(self, context: torch.Tensor | None) -> torch.Tensor | None:
@@ -316,17 +330,18 @@ class NCF(nn.Module):
         1 + neg_per_pos times, its item's once, each of the K items' P x neg_per_pos / K
         times (the weight of each shared logit) -> [] float."""
         each = float(items.shape[0] * neg_per_pos) / negatives.shape[0]
-        parts = (
-            (float(1 + neg_per_pos), ((self.user_gmf, users), (self.prev_item, last))),
-            (1.0, ((self.item_gmf, items), (self.next_item, items))),
-            (each, ((self.item_gmf, negatives), (self.next_item, negatives))),
+        per = float(1 + neg_per_pos)
+        return self._weighted_sq_sum(
+            users,
+            (
+                (per, self.user_gmf, users),
+                (per, self.prev_item, last),
+                (1.0, self.item_gmf, items),
+                (1.0, self.next_item, items),
+                (each, self.item_gmf, negatives),
+                (each, self.next_item, negatives),
+            ),
         )
-        total = users.new_zeros((), dtype=torch.float32)
-        for times, read in parts:
-            for tab, ids in read:
-                if tab is not None and ids is not None:
-                    total = total + times * row_sq_sum(tab.weight, ids.long(), self.training)
-        return total
 
     def sequence_loss(
         self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1

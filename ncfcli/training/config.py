@@ -464,6 +464,12 @@ def check_launch(cfg: TrainConfig, procs: int) -> None:
         )
 
 
+def out_of_patience(patience: int | None, eval_every: int | None, epoch: int, best: int) -> bool:
+    """Whether --patience ends a run after `epoch`: `patience` scored epochs (every
+    --eval-every) have passed since the chosen epoch `best` (0 or None: never)."""
+    return bool(patience) and epoch - best >= int(patience or 0) * int(eval_every or 1)
+
+
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
     """'256 256 128 64' or '256,256,128,64' -> (256, 256, 128, 64)."""
     if text is None:

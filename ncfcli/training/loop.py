@@ -44,7 +44,7 @@ from ncfcli.rundir.logs import RunLog
 from ncfcli.rundir.record import import_plotting, save_curves
 from ncfcli.training import validation as evaluation
 from ncfcli.training.baselines import fit_baseline
-from ncfcli.training.config import TrainConfig
+from ncfcli.training.config import TrainConfig, out_of_patience
 from ncfcli.training.device import is_oom, tf32_restored
 from ncfcli.training.optim import Batch, Stepper, lr_at, seed_dropout, seed_for, step_gradients
 from ncfcli.training.refit import refit_settings
@@ -199,9 +199,8 @@ def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: H
     chosen_by = scores["test" if s.select == "last" else s.select]
     if s.cfg.target_hr is not None and chosen_by["hr@10"] >= s.cfg.target_hr:
         return "--target-hr"
-    patience, every = int(s.cfg.patience or 0), int(s.cfg.eval_every or 1)
-    best = s.best["epoch"] if s.best is not None else epoch
-    if patience and s.select == "validation" and epoch - best >= patience * every:
+    best = int(s.best["epoch"]) if s.best is not None else epoch
+    if s.select == "validation" and out_of_patience(s.cfg.patience, s.cfg.eval_every, epoch, best):
         return "--patience"
     if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
         return "--target-hr"

@@ -250,16 +250,13 @@ class Batch:
     negatives: torch.Tensor | None = None
     neg_per_pos: int = 0
     keep: torch.Tensor | None = None  # [P, K]: False where the row's user has the item
-    share: float | None = None  # shared: the global step's samples / ranks
 
     @property
-    def n_samples(self) -> float:
-        """The samples the rows count for in the loss: their labels; with shared negatives the
-        rank's share of the global step's (1 + neg_per_pos a positive, split over the ranks)."""
+    def n_samples(self) -> int:
+        """The samples the rows count for in the loss: their labels; with shared negatives
+        1 + neg_per_pos a positive."""
         if self.labels is not None:
             return int(self.labels.shape[0])
-        if self.share is not None:
-            return self.share
         return int(self.users.shape[0]) * (1 + self.neg_per_pos)
 
     def rows(self, lo: int, hi: int) -> Batch:
@@ -269,7 +266,7 @@ class Batch:
         labels = self.labels[lo:hi] if self.labels is not None else None
         keep = self.keep[lo:hi] if self.keep is not None else None
         return Batch(self.users[lo:hi], self.items[lo:hi], labels, w, p, self.negatives,
-                     self.neg_per_pos, keep, self.share)  # fmt: skip
+                     self.neg_per_pos, keep)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -286,7 +283,7 @@ class Stepper:
 
 
 def pointwise_loss(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, n: float
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None, n: int
 ) -> torch.Tensor:
     """These rows' share of a batch of n samples' weighted BCE: their mean when they are the
     whole batch (as a plain step computes it), else their sum / n (always for shared
@@ -312,7 +309,7 @@ def shared_targets(rows: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return labels, torch.cat([pos, neg], dim=1)
 
 
-def slice_loss(stepper: Stepper, rows: Batch, n: float) -> torch.Tensor:
+def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
     """These rows' share of a batch of n samples' loss: the weighted BCE (`pointwise_loss`) plus
     the L2 of their embedding rows / n."""
     ddp, prev = stepper.ddp, rows.prev
@@ -349,7 +346,7 @@ def step_gradients(
     model, scaler, amp_ctx = stepper.model, stepper.scaler, stepper.amp_ctx
     n, n_rows = batch.n_samples, int(batch.users.shape[0])
     per_row = 1 + batch.neg_per_pos if batch.negatives is not None else 1  # samples a row is
-    size = min(n_rows, max(1, int(stepper.micro_batch or n) // per_row))
+    size = min(n_rows, max(1, (stepper.micro_batch or n) // per_row))
     if size == n_rows:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
             loss = slice_loss(stepper, batch, n)

@@ -15,7 +15,7 @@ from typing import Any
 from ncfcli.data.dataset import PreparedData
 from ncfcli.errors import NcfError
 from ncfcli.rundir import checkpoint as ckpt
-from ncfcli.training.config import LEGACY, REFIT_OWN, TrainConfig, tunables
+from ncfcli.training.config import LEGACY, REFIT_OWN, TrainConfig, out_of_patience, tunables
 
 
 def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> TrainConfig:
@@ -59,8 +59,8 @@ def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tra
         saved.get("target_hr") is not None and best["validation"]["hr@10"] >= saved["target_hr"]
     )
     done = int(ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))["epoch"])
-    patience = int(saved.get("patience") or 0) * int(saved.get("eval_every") or 1)
-    reached = reached or bool(patience and done - int(best["epoch"]) >= patience)  # --patience
+    patience = saved.get("patience"), saved.get("eval_every")
+    reached = reached or out_of_patience(*patience, done, int(best["epoch"]))
     if done < planned and not reached:
         raise NcfError(
             f"--refit {source} has trained {done} of its {planned} epochs, so its "

@@ -36,6 +36,7 @@ from ncfcli.data.xops import host_int
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
+from ncfcli.model import kinds
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model, count_parameters
 from ncfcli.rundir import checkpoint as ckpt
@@ -246,9 +247,6 @@ def resolve_options(
     return cfg, probed
 
 
-SHARED_KINDS = ("mf", "gmf")  # the kinds whose score is a product (NCF.shared_scores)
-
-
 def shared_choice(cfg: TrainConfig, asked: int | None, sharded: bool) -> TrainConfig:
     """--shared-negatives as the run trains it: a size default is off (0) for a kind with an
     MLP and under --shard users (whose ranks stream their own samples); asked for there, it is
@@ -256,8 +254,9 @@ def shared_choice(cfg: TrainConfig, asked: int | None, sharded: bool) -> TrainCo
     if not cfg.shared_negatives:
         return cfg
     why = ""
-    if cfg.model not in SHARED_KINDS:
-        why = f"it scores with products, --model {' or '.join(SHARED_KINDS)}, not {cfg.model}"
+    if cfg.model not in kinds.WITH_SHARED_NEGATIVES:
+        products = " or ".join(kinds.WITH_SHARED_NEGATIVES)
+        why = f"it scores with products, --model {products}, not {cfg.model}"
     elif sharded:
         why = "--shard users streams each rank's own samples"
     if not why:
