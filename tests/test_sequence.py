@@ -193,7 +193,7 @@ def test_sequence_batches_visit_every_user_once_an_epoch_at_any_world_size(
     hist = torch.from_numpy(data.histories(6, np).astype(np.int64))
     rows: list[torch.Tensor] = []
     for step in range(7):
-        seqs, negatives, total, ranks = one.step(2, step, 7)
+        seqs, negatives, total, ranks, _ = one.step(2, step, 7)
         parts = [b.step(2, step, 7) for b in two]
         assert torch.equal(torch.cat([p[0] for p in parts]), seqs)  # the same users, split
         assert all(torch.equal(p[1], negatives) and p[2] == total for p in parts)
@@ -352,3 +352,51 @@ def test_the_term_without_an_order_term(eras: Path, tmp_path: Path) -> None:
     assert json.loads(r.output)["metrics"]["hr@10"] == pytest.approx(got["metrics"]["hr@10"])
     model = load_run(run, "cpu").model
     assert model.order_term is None and model.sequence is not None
+
+
+@pytest.mark.parametrize("mask", [True, False])
+def test_a_window_cut_of_its_leading_pads_gives_the_states_the_whole_one_does(mask: bool) -> None:
+    torch.manual_seed(5)
+    seq = Sequence(n_items=9, length=6, width=8, blocks=2, dropout=0.0, mask_pads=mask).eval()
+    window = torch.tensor([[9, 9, 9, 1, 2, 3], [9, 9, 9, 9, 4, 0], [9, 9, 8, 7, 6, 5]])
+    with torch.no_grad():
+        whole, cut = seq.states(window)[:, -4:], seq.states(window[:, -4:])
+        last = seq.states(window, last=True)
+    same = torch.allclose(whole, cut, atol=1e-6)
+    assert same == mask  # unmasked, the pads are attended: more of them, other states
+    torch.testing.assert_close(last, seq.states(window)[:, -1:], atol=1e-6, rtol=1e-5)
+    saved = ModelConfig(n_users=2, n_items=9, sequence_length=6).to_dict()
+    assert ModelConfig.from_dict(saved).sequence_mask_pads
+    del saved["sequence_mask_pads"]  # a checkpoint from before the field: its pads attended
+    assert not ModelConfig.from_dict(saved).sequence_mask_pads
+
+
+def _lengths_log(tmp_path: Path) -> Any:
+    """24 users with 3 to 14 events each (item u + k at time k): histories of many lengths."""
+    lines = ["user,item,timestamp"]
+    for u in range(24):
+        lines += [f"u{u},{(u + k) % 40},{k}" for k in range(3 + u % 12)]
+    return load_prepared(_prepare(tmp_path, "\n".join(lines) + "\n"), CPU)
+
+
+def test_a_step_runs_only_the_positions_with_a_next_item_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    data = _lengths_log(tmp_path)
+    length, pad = 8, data.n_items
+    one = SequenceBatches(data, length, CPU, DistEnv(), seed=3)
+    two = [SequenceBatches(data, length, CPU, DistEnv(rank=r, world_size=2, local_rank=r),
+                           seed=3) for r in (0, 1)]  # fmt: skip
+    torch.manual_seed(0)
+    seq = Sequence(n_items=pad, length=length, width=8, blocks=2, dropout=0.0)
+    for step in range(4):
+        seqs, negatives, total, _, slots = one.step(1, step, 4)
+        real = (seqs[:, 1:] != pad).reshape(-1)
+        assert slots.tolist() == real.nonzero()[:, 0].tolist() and total == len(slots)
+        assert (seqs[:, 1:] == pad).any()  # windows with pads: there is something to skip
+        whole = seq._padded_loss(seqs, negatives, total, 1)  # every position, pads weigh 0
+        torch.testing.assert_close(seq.loss(seqs, negatives, total, 1, slots), whole)
+        torch.testing.assert_close(seq.loss(seqs, negatives), whole)  # slots found here
+        parts = [b.step(1, step, 4) for b in two]  # each rank its rows' slots: the same sum
+        halves = [seq.loss(*p) for p in parts]
+        torch.testing.assert_close(sum(halves) / 2, whole)

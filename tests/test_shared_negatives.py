@@ -119,7 +119,7 @@ def test_shared_scores_are_the_pairwise_logits(kind: str, order: int) -> None:
     users, items = torch.tensor([0, 3, 3, 11]), torch.tensor([5, 5, 29, 0])
     prev = torch.tensor([30, 2, 7, 29]) if order else None
     negatives = torch.tensor([1, 5, 17, 29, 0])
-    got = model(users, items, prev, negatives=negatives)
+    got, _ = model(users, items, prev, negatives=negatives)
     assert got.shape == (4, 6)
     for c, col in enumerate([items, *(negatives[j].expand(4) for j in range(5))]):
         pair = model(users, col) if prev is None else model(users, col, prev)

@@ -10,8 +10,10 @@ step). So the same global step trains on the same users at any world size, and a
 mid-epoch takes the steps the uninterrupted one took, with no generator state saved.
 
 An epoch's order and every step's negatives are drawn on the host when the epoch starts and
-copied to the device in one transfer; its sequences are gathered there in that order, so a
-step is two slices of device tensors: no host sync, no copy, in the steps themselves.
+copied to the device in one transfer, with each step's `slots` (where this rank's next items
+are real: the positions a term that masks its pads runs, model/sequence.py), found on the host
+from the users' lengths; its sequences are gathered there in that order, so a step is three
+slices of device tensors: no host sync, no copy, in the steps themselves.
 
 Memory: the histories, 4 B x (L + 1) per user, resident (ml-20m's 138k users at L = 20: 12 MB).
 """
@@ -83,35 +85,62 @@ class SequenceBatches:
             ]
         )
         bounds = torch.arange(n_steps + 1).mul(per_step).clamp(max=self.n_users)
-        sums = torch.cat([torch.zeros(1, dtype=torch.int64), self.predicted[order].cumsum(0)])
+        nexts = self.predicted[order]  # each user's real next items, in the epoch's order
+        sums = torch.cat([torch.zeros(1, dtype=torch.int64), nexts.cumsum(0)])
         totals = (sums[bounds[1:]] - sums[bounds[:-1]]).tolist()
-        both = torch.cat([order, negatives.flatten()]).to(self.device)  # the epoch's one copy
+        mine = [self._mine(lo, hi) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]  # fmt: skip
+        slots = [_slots(nexts[lo:hi], self.seqs.shape[1] - 1) for lo, hi in mine]
+        ends = torch.tensor([0] + [len(x) for x in slots]).cumsum(0).tolist()
+        both = torch.cat([order, negatives.flatten(), *slots]).to(self.device)  # one copy
         seqs = self.seqs.index_select(0, both[: self.n_users]).long()
+        at = self.n_users + n_steps * self.negatives
         prepared = _Epoch(
-            seqs, both[self.n_users :].view(n_steps, self.negatives), totals, per_step
+            seqs,
+            both[self.n_users : at].view(n_steps, self.negatives),
+            totals,
+            mine,
+            both[at:],
+            ends,
         )
         self._epoch = ((epoch, n_steps), prepared)
         return prepared
 
     def step(
         self, epoch: int, step: int, n_steps: int
-    ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    ) -> tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor]:
         """For step `step` (0-based) of an epoch of `n_steps`: this rank's sequences [b,
         length + 1] and the step's negatives [negatives], int64 on the device, the next items
-        the whole step predicts (every rank's users) and the world size: Sequence.loss's
+        the whole step predicts (every rank's users), the world size, and the flat positions
+        of [b, length] whose next item is real (int64 on the device): Sequence.loss's
         arguments."""
         e = self._prepared(epoch, max(n_steps, 1))
-        lo = min(step * e.per_step, self.n_users)
-        hi = min(lo + e.per_step, self.n_users)
-        ranks = self.env.world_size
-        per_rank = -(-(hi - lo) // ranks)
-        mine_lo = min(lo + self.env.rank * per_rank, hi)
-        mine = e.seqs[mine_lo : min(mine_lo + per_rank, hi)]
-        return mine, e.negatives[step], e.totals[step], ranks
+        lo, hi = e.mine[step]
+        slots = e.slots[e.ends[step] : e.ends[step + 1]]
+        return e.seqs[lo:hi], e.negatives[step], e.totals[step], self.env.world_size, slots
+
+    def _mine(self, lo: int, hi: int) -> tuple[int, int]:
+        """This rank's rows of a step that takes the epoch's rows [lo, hi): the rank-th of
+        world-size equal parts (the last ones shorter or empty)."""
+        per_rank = -(-(hi - lo) // self.env.world_size)
+        start = min(lo + self.env.rank * per_rank, hi)
+        return start, min(start + per_rank, hi)
+
+
+def _slots(nexts: torch.Tensor, length: int) -> torch.Tensor:
+    """Users' real next items nexts [b] (host) -> the flat positions [sum(nexts)] of their
+    windows [b, length] whose next item is real: row r's last nexts[r] (right-aligned)."""
+    rows = torch.repeat_interleave(torch.arange(len(nexts)), nexts)
+    firsts = torch.cumsum(nexts, 0) - nexts  # where each row's run starts in the output
+    within = torch.arange(len(rows)) - torch.repeat_interleave(firsts, nexts)
+    return rows * length + torch.repeat_interleave(length - nexts, nexts) + within
 
 
 class _Epoch(NamedTuple):
     seqs: torch.Tensor  # int64 [n_users, length + 1] on the device, in the epoch's order
     negatives: torch.Tensor  # int64 [n_steps, negatives] on the device
     totals: list[int]  # next items each step predicts, every rank's users
-    per_step: int  # users a step takes
+    mine: list[tuple[int, int]]  # this rank's rows of each step
+    slots: (
+        torch.Tensor
+    )  # int64 on the device: every step's slots (SequenceBatches.step), end to end
+    ends: list[int]  # where each step's slots start and end in `slots`

@@ -9,7 +9,6 @@ checked against meta.json's shapes and digests, as the view training queries (`P
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli import heap
 from ncfcli.backend import get_backend
 from ncfcli.data.archive import sha256_file
 from ncfcli.data.buckets import bucket_bounds, default_buckets
@@ -162,20 +162,8 @@ def load_held_out(
         arrays[name] = backend.asarray(np.concatenate(parts))
     arrays["test_users"] = backend.asarray(_shard_users(entries, chosen))
     del pieces
-    trim_heap()
+    heap.trim_heap()
     return PreparedData(path=path, meta=meta, shard=tuple(chosen), latest_only=True, **arrays)
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the OS (glibc's malloc_trim; elsewhere nothing).
-    Reading a rank's buckets whole to keep their held-out sets leaves freed blocks in the heap
-    that glibc keeps: 0.8 GiB of a rank's resident memory at MLPerf's size (1.1M users a rank,
-    0.87 GiB of arrays kept), for nothing."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (macOS, musl)
-        return
-    libc.malloc_trim(0)
 
 
 def load_prepared(

@@ -28,6 +28,9 @@ class ModelConfig:
     sequence_blocks: int = 2  # its self-attention blocks
     # its dropout (SASRec's for Amazon Beauty; chosen on its validation)
     sequence_dropout: float = 0.5
+    # no position attends to a pad but itself (model/sequence.py); False: checkpoints from
+    # before 6 December 2026, whose pads were attended
+    sequence_mask_pads: bool = True
     sequence_weight: float = 1.0  # its share of the score (ncfcli/model/sequence.py: calibrate)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,7 @@ class ModelConfig:
                 d[f"sequence_{part}"] = d.pop(f"seq_{part}")
         if "layers" in d:
             d["layers"] = tuple(int(x) for x in d["layers"])
+        d.setdefault("sequence_mask_pads", False)  # saved before the field: pads attended
         return cls(**d)
 
     @property

@@ -85,6 +85,7 @@ class NCF(nn.Module):
                 cfg.sequence_factors,
                 cfg.sequence_blocks,
                 cfg.sequence_dropout,
+                cfg.sequence_mask_pads,
             )
         self._towers()
 
@@ -173,32 +174,18 @@ class NCF(nn.Module):
         self, users: torch.Tensor, items: torch.Tensor, context: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Sum of squares of the embedding rows that (users [B], items [B], context [B]) read
-        -> [] float."""
-        return self._weighted_sq_sum(
-            users,
-            (
-                (1.0, self.user_gmf, users),
-                (1.0, self.item_gmf, items),
-                (1.0, self.user_mlp, users),
-                (1.0, self.item_mlp, items),
-                (1.0, self.prev_item, context),
-                (1.0, self.next_item, items),
-            ),
-        )
-
-    def _weighted_sq_sum(
-        self,
-        like: torch.Tensor,
-        reads: tuple[tuple[float, nn.Embedding | None, torch.Tensor | None], ...],
-    ) -> torch.Tensor:
-        """sum of times x the squares of the rows ids read of table, over (times, table, ids)
-        (a table or ids None: the model has no such table, or nothing reads it) -> [] float
-        on `like`'s device."""
-        total = like.new_zeros((), dtype=torch.float32)
-        for times, tab, ids in reads:
+        -> [] float (a table None: the model has none; context None: nothing reads it)."""
+        total = users.new_zeros((), dtype=torch.float32)
+        for tab, ids in (
+            (self.user_gmf, users),
+            (self.item_gmf, items),
+            (self.user_mlp, users),
+            (self.item_mlp, items),
+            (self.prev_item, context),
+            (self.next_item, items),
+        ):
             if tab is not None and ids is not None:
-                sq = row_sq_sum(tab.weight, ids, self.training)
-                total = total + (sq if times == 1.0 else times * sq)
+                total = total + row_sq_sum(tab.weight, ids, self.training)
         return total
 
     def _check_context(self, context: torch.Tensor | None) -> torch.Tensor | None:
@@ -240,11 +227,13 @@ class NCF(nn.Module):
         items: torch.Tensor,
         context: torch.Tensor | None = None,
         negatives: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        neg_per_pos: int = 1,
+    ) -> Any:
         """users [B], items [B] (int32/int64), and context: [B] for a model with an order term,
         the windows [B, L] for one with a sequence term -> logits [B]. In training, with a step's
-        shared `negatives` [K] (ncfcli/data/shared_negatives.py): logits [B, 1 + K], each row its
-        positive's, then the K items' for the same user (`shared_scores`)."""
+        shared `negatives` [K] (ncfcli/data/shared_negatives.py) standing for `neg_per_pos` per
+        positive: (logits [B, 1 + K], each row its positive's, then the K items' for the same
+        user; the L2 sum of squares of the rows they read) (`shared_scores`)."""
         context = self._check_context(context)
         if self.training:
             users, items = users.long(), items.long()  # scatter_add_ needs int64; convert once
@@ -252,7 +241,7 @@ class NCF(nn.Module):
         if negatives is not None:
             if context is not None and context.dim() != 1:
                 raise ValueError("shared negatives train the kind on its previous items [B]")
-            return self.shared_scores(users, items, context, negatives.long())
+            return self.shared_scores(users, items, context, negatives.long(), neg_per_pos)
         if context is None or context.dim() == 1:
             return self.with_states(users, items, context)
         assert self.sequence is not None
@@ -283,21 +272,30 @@ class NCF(nn.Module):
         items: torch.Tensor,
         last: torch.Tensor | None,
         negatives: torch.Tensor,
-    ) -> torch.Tensor:
+        neg_per_pos: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """users [P], items [P] (positives), last [P] (the order term's previous items; None:
-        no term), negatives [K] -> logits [P, 1 + K]: column 0 each positive's, column 1 + j
-        item negatives[j]'s for the same user. The positives' and the K items' rows are
-        gathered once (one scatter in backward) and the K columns are one matrix product per
-        table, where per-pair scoring gathers P x (1 + K) rows: the kinds whose score is a
-        product (mf, gmf) only."""
+        no term), negatives [K] -> logits [P, 1 + K] (column 0 each positive's, column 1 + j
+        item negatives[j]'s for the same user) and the L2 sum of squares [] that `row_sq_sum`
+        takes over the P x (1 + neg_per_pos) samples these rows stand for: each positive's user
+        and previous-item rows 1 + neg_per_pos times, its item's once, each of the K items'
+        P x neg_per_pos / K times (the weight of each shared logit).
+
+        The positives' and the K items' rows are gathered once per table (one scatter in
+        backward), the L2 read from the same rows (no second gather, whose table-sized gradient
+        cost Amazon Beauty's user table a zero fill and an add each step), and the K columns
+        are one matrix product per table, where per-pair scoring gathers P x (1 + K) rows: the
+        kinds whose score is a product (mf, gmf) only."""
         if self.gmf_tower is None or self.mlp_tower is not None:
             raise ValueError(
                 f"shared negatives score products: --model mf or gmf, not {self.cfg.kind}"
             )
         n_pos = items.shape[0]
+        per, each = float(1 + neg_per_pos), float(n_pos * neg_per_pos) / negatives.shape[0]
         both = torch.cat([items, negatives])  # [P + K]
         u = rows(self.gmf_tower.user.weight, users, self.training)  # [P, F]
         q = rows(self.gmf_tower.item.weight, both, self.training)  # [P + K, F]
+        sq = _sq(u, per) + _sq(q[:n_pos]) + _sq(q[n_pos:], each)
         if self.biases is not None:  # mf: <p_u, q_i> + b_u + b_i + b
             pos = (u * q[:n_pos]).sum(dim=1, keepdim=True)
             out = torch.cat([pos, u @ q[n_pos:].t()], dim=1)
@@ -315,40 +313,20 @@ class NCF(nn.Module):
             nq = rows(self.order_term.item.weight, both, self.training)  # [P + K, O]
             pos = (p * nq[:n_pos]).sum(dim=1, keepdim=True)
             out = out + torch.cat([pos, p @ nq[n_pos:].t()], dim=1)
-        return out
-
-    def shared_row_sq_sum(
-        self,
-        users: torch.Tensor,
-        items: torch.Tensor,
-        last: torch.Tensor | None,
-        negatives: torch.Tensor,
-        neg_per_pos: int,
-    ) -> torch.Tensor:
-        """The L2 sum of squares that `row_sq_sum` takes over the P x (1 + neg_per_pos) samples
-        these shared-negative rows stand for: each positive's user and previous-item rows
-        1 + neg_per_pos times, its item's once, each of the K items' P x neg_per_pos / K
-        times (the weight of each shared logit) -> [] float."""
-        each = float(items.shape[0] * neg_per_pos) / negatives.shape[0]
-        per = float(1 + neg_per_pos)
-        return self._weighted_sq_sum(
-            users,
-            (
-                (per, self.user_gmf, users),
-                (per, self.prev_item, last),
-                (1.0, self.item_gmf, items),
-                (1.0, self.next_item, items),
-                (each, self.item_gmf, negatives),
-                (each, self.next_item, negatives),
-            ),
-        )
+            sq = sq + _sq(p, per) + _sq(nq[:n_pos]) + _sq(nq[n_pos:], each)
+        return out, sq
 
     def sequence_loss(
-        self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1
+        self,
+        seqs: torch.Tensor,
+        negatives: torch.Tensor,
+        total: int = 0,
+        ranks: int = 1,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The sequence term's own loss on users' latest items seqs [b, L + 1] (Sequence.loss)."""
         assert self.sequence is not None
-        return self.sequence.loss(seqs, negatives, total, ranks)
+        return self.sequence.loss(seqs, negatives, total, ranks, slots)
 
     @torch.no_grad()
     def calibrate(self, users: torch.Tensor, window: torch.Tensor) -> None:
@@ -454,3 +432,9 @@ def build_model(cfg: ModelConfig | dict[str, Any]) -> NCF:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def _sq(gathered: torch.Tensor, times: float = 1.0) -> torch.Tensor:
+    """times x the sum of squares of gathered rows [n, d] -> [] float32."""
+    total = gathered.float().square().sum()
+    return total if times == 1.0 else times * total

@@ -7,7 +7,10 @@ before the one scored, oldest first, right-aligned and padded with n_items (E's 
 at 0): in scoring the latest training items (and the validation item, for the test split), as
 PreparedData.context(split, length=L) gives them. Enc is `blocks` pre-norm causal self-attention
 blocks of one head, `factors` wide, over the item rows (times sqrt(factors)) plus a learned
-position row, with dropout; a final LayerNorm. A model with the term takes that window as its
+position row, with dropout; a final LayerNorm. No position attends to a pad but itself
+(`mask_pads`; checkpoints from before 6 December 2026 attended them and still do), so a real
+position's state does not depend on the pads before it, and training runs only the positions
+with a real next item (`packed_states`): on Amazon Beauty, 31% of them. A model with the term takes that window as its
 third input everywhere: forward(users, items, window [B, L]), score_all(users, window [U, L]),
 the ONNX graph; the order term, where there is one too, reads the window's last column.
 
@@ -51,7 +54,8 @@ class Block(nn.Module):
         self.dropout = MaskDropout(dropout)
 
     def forward(self, x: torch.Tensor, blocked: torch.Tensor, last: bool = False) -> torch.Tensor:
-        """x [B, L, d], blocked bool [L, L] (True: a later position, not attended) -> [B, L, d];
+        """x [B, L, d], blocked bool [L, L] or [B, L, L] (True: a key not attended: a later
+        position, or a pad) -> [B, L, d];
         `last`: only the last position's output [B, 1, d] (it attends to every position, so
         its query, attention and feed-forward are computed for it alone: what scoring needs of
         the last block, a third of the encoder's work)."""
@@ -61,15 +65,40 @@ class Block(nn.Module):
             w, b = self.qkv.weight, self.qkv.bias
             q = F.linear(normed[:, -1:], w[:d], b[:d])
             k, v = F.linear(normed, w[d:], b[d:]).chunk(2, dim=-1)
-            x, blocked = x[:, -1:], blocked[-1:]
+            x, blocked = x[:, -1:], blocked[..., -1:, :]
         else:
             q, k, v = self.qkv(normed).chunk(3, dim=-1)
+        x = x + self.dropout(self.out(self._attend(q, k, v, blocked)))
+        return self._feed_forward(x)
+
+    def packed(
+        self, x: torch.Tensor, slots: torch.Tensor, shape: tuple[int, int], blocked: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` for N of the B x L positions, x [N, d] at flat `slots` [N] of [B, L]
+        (shape): every position a kept one attends to is kept (blocked [B, L, L] masks the
+        others: pads), so the kept outputs are forward's. Only the attention runs on the
+        [B, L] grid (queries, keys and values scattered there, zeros elsewhere); the
+        projections, feed-forward and dropout run on the N rows alone."""
+        b, n = shape
+        qkv = self.qkv(self.norm_attn(x))  # [N, 3d]
+        grid = qkv.new_zeros(b * n, qkv.shape[1]).index_copy(0, slots, qkv)
+        q, k, v = grid.view(b, n, qkv.shape[1]).chunk(3, dim=-1)  # b may be 0: no -1 here
+        attended = self._attend(q, k, v, blocked)
+        x = x + self.dropout(self.out(attended.reshape(b * n, x.shape[1]).index_select(0, slots)))
+        return self._feed_forward(x)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocked: torch.Tensor
+    ) -> torch.Tensor:
+        """softmax(q kᵀ / sqrt(d), masked) v: q [B, Lq, d], k and v [B, L, d] -> [B, Lq, d]."""
         # q is scaled before the product: under AMP q @ kᵀ runs in half precision, and the
         # unscaled sums of `width` products can leave fp16's range (65504) where the scaled
         # ones do not.
-        att = (q * (1.0 / math.sqrt(x.shape[-1]))) @ k.transpose(1, 2)
+        att = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(1, 2)
         att = self.dropout(att.masked_fill(blocked, float("-inf")).softmax(dim=-1))
-        x = x + self.dropout(self.out(att @ v))
+        return att @ v
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         ff = self.ff_out(self.dropout(F.relu(self.ff_in(self.norm_ff(x)))))
         return x + self.dropout(ff)
 
@@ -80,9 +109,17 @@ class Sequence(nn.Module):
     scale: torch.Tensor  # [] float32 buffer: the term's share (calibrate)
     blocked: torch.Tensor  # [L, L] bool buffer: the causal mask
 
-    def __init__(self, n_items: int, length: int, width: int, blocks: int, dropout: float) -> None:
+    def __init__(
+        self,
+        n_items: int,
+        length: int,
+        width: int,
+        blocks: int,
+        dropout: float,
+        mask_pads: bool = True,
+    ) -> None:
         super().__init__()
-        self.pad = n_items
+        self.pad, self.mask_pads = n_items, mask_pads
         self.item = nn.Embedding(n_items + 1, width, padding_idx=n_items)  # E, and the pad row
         self.position = nn.Embedding(length, width)
         self.blocks = nn.ModuleList(Block(width, dropout) for _ in range(blocks))
@@ -104,16 +141,52 @@ class Sequence(nn.Module):
     def states(
         self, window: torch.Tensor, embedded: torch.Tensor | None = None, last: bool = False
     ) -> torch.Tensor:
-        """window [B, L] item ids (pad: n_items) -> states [B, L, width]; `embedded`: E's rows
+        """window [B, m] item ids (pad: n_items), m <= L: the latest m of L positions, the
+        first L - m all pads (`loss` trims them) -> states [B, m, width]; `embedded`: E's rows
         for the window, gathered beforehand (`loss` gathers all its rows at once); `last`:
-        only the last position's state [B, 1, width]."""
+        only the last position's state [B, 1, width].
+
+        With `mask_pads` no position attends to a pad but itself (a pad attends to itself
+        alone), so a real position's state is the same whatever pads precede it: a window
+        trimmed of its leading pads gives its real positions the states the whole one does."""
         window = window.long()
+        m = window.shape[1]
         if embedded is None:
             embedded = self.item(window)
-        h = embedded * math.sqrt(self.item.embedding_dim) + self.position.weight
+        h = embedded * math.sqrt(self.item.embedding_dim) + self.position.weight[-m:]
         h = self.dropout(h) * (window != self.pad).unsqueeze(-1).to(h.dtype)
+        blocked = self._blocked(window)
         for i, block in enumerate(self.blocks):
-            h = block(h, self.blocked, last and i == len(self.blocks) - 1)
+            h = block(h, blocked, last and i == len(self.blocks) - 1)
+        return self.norm(h)
+
+    def _blocked(self, window: torch.Tensor) -> torch.Tensor:
+        """The keys each position of window [B, m] does not attend: later ones ([m, m]), and
+        with `mask_pads` the pads but itself ([B, m, m])."""
+        m = window.shape[1]
+        blocked = self.blocked[-m:, -m:]  # the causal mask of the latest m positions
+        if not self.mask_pads:
+            return blocked
+        itself = torch.eye(m, dtype=torch.bool, device=window.device)
+        return blocked | ((window == self.pad)[:, None, :] & ~itself)
+
+    def packed_states(
+        self, window: torch.Tensor, slots: torch.Tensor, embedded: torch.Tensor
+    ) -> torch.Tensor:
+        """The states of the positions at flat `slots` [N] of window [B, L] (those whose next
+        item is real: every real position and the pad just before the first), E's rows of
+        their items embedded [N, width] -> [N, width]: `states(window)` at those positions,
+        for a term that masks its pads (no kept position attends to one dropped), at a cost
+        that follows N rather than B x L (Beauty's windows: 31% of their positions)."""
+        b, n = window.shape
+        ids = window.reshape(-1).index_select(0, slots)
+        places = self.position.weight[-n:].index_select(0, slots % n)
+        h = embedded * math.sqrt(self.item.embedding_dim) + places
+        h = self.dropout(h) * (ids != self.pad).unsqueeze(-1).to(h.dtype)
+        blocked = self._blocked(window)
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            h = block.packed(h, slots, (b, n), blocked)
         return self.norm(h)
 
     def user_state(self, window: torch.Tensor) -> torch.Tensor:
@@ -161,7 +234,12 @@ class Sequence(nn.Module):
         return torch.cat([positive, negative], dim=-1)
 
     def loss(
-        self, seqs: torch.Tensor, negatives: torch.Tensor, total: int = 0, ranks: int = 1
+        self,
+        seqs: torch.Tensor,
+        negatives: torch.Tensor,
+        total: int = 0,
+        ranks: int = 1,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """seqs [b, L + 1] (each user's latest items, right-aligned, padded) and negatives [K]:
         over every real next item, -log softmax of its logit among [it, negatives] (a negative
@@ -169,17 +247,38 @@ class Sequence(nn.Module):
         total: the mean over the step's `total` next items (all ranks'; 0: these), which DDP's
         average of the ranks' gradients turns into the whole step's gradient at any world size.
 
-        Every position is scored and the padded ones (no next item) weigh 0: no boolean-mask
-        indexing, whose output size the host would have to read back (a sync each step on a
-        GPU). A rank with no user this step gets a zero loss that still reaches every
-        parameter, as DDP expects."""
+        With `mask_pads` only the positions with a real next item are run (`packed_states`):
+        `slots`, their flat indices in [b, L] (row-major), as SequenceBatches computes them on
+        the host once an epoch (None: found here, a host read of their count on a GPU).
+        Without it, every position is scored and the padded ones weigh 0. A rank with no user
+        this step gets a zero loss that still reaches every parameter, as DDP expects."""
         seqs, negatives = seqs.long(), negatives.long()
-        targets = seqs[:, 1:]
-        b, n = seqs.shape[0], seqs.shape[1] - 1
+        window, targets = seqs[:, :-1], seqs[:, 1:]
+        if not self.mask_pads:
+            return self._padded_loss(seqs, negatives, total, ranks)
+        if slots is None:
+            slots = (targets != self.pad).reshape(-1).nonzero()[:, 0]
+        slots = slots.long()
         # Every row of E the step reads in one gather, whose backward is one scatter into one
         # table-sized gradient (three of them, zero-filled and added, were 12% of the step).
-        # The pad row's gradient is 0 either way: padded positions are masked out of the
-        # states and the loss.
+        nexts = targets.reshape(-1).index_select(0, slots)
+        ids = torch.cat([window.reshape(-1).index_select(0, slots), nexts, negatives])
+        n = slots.shape[0]
+        window_rows, next_rows, negative_rows = rows(self.item.weight, ids, self.training).split(
+            [n, n, len(negatives)]
+        )
+        states = self.packed_states(window, slots, window_rows)
+        logits = self.logits(states, nexts, negatives, (next_rows, negative_rows))
+        each = -logits.log_softmax(dim=-1)[:, 0]
+        return each.sum() * ranks / (total or max(n, 1))
+
+    def _padded_loss(
+        self, seqs: torch.Tensor, negatives: torch.Tensor, total: int, ranks: int
+    ) -> torch.Tensor:
+        """`loss` of a term whose pads are attended (checkpoints from before 6 December 2026):
+        every position is scored and the padded ones (no next item) weigh 0."""
+        targets = seqs[:, 1:]
+        b, n = seqs.shape[0], seqs.shape[1] - 1
         ids = torch.cat([seqs[:, :-1].reshape(-1), targets.reshape(-1), negatives])
         gathered = rows(self.item.weight, ids, self.training)
         window_rows, target_rows, negative_rows = gathered.split([b * n, b * n, len(negatives)])

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ncfcli.heap import keep_heap
+
 
 def context_window(source: Any) -> int | None:
     """The context `source` scores with: None (none), 0 (the previous item [B]) or L (the
@@ -115,6 +117,8 @@ def scoring_threads(device: torch.device | str) -> Iterator[None]:
     (load average 5-7 on 2 cores, alternating) took 72 s on 2 threads and 3.9-5.2 s on one,
     same ranks; its whole sampled `ncf eval` 26 s and 15-17 s (docs/eval.md)."""
     before = torch.get_num_threads()
+    if torch.device(device).type == "cpu":
+        keep_heap()  # the chunks' gathered rows stay in the heap (ncfcli/heap.py)
     torch.set_num_threads(scoring_thread_count(device))
     try:
         yield

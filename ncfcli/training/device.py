@@ -16,6 +16,7 @@ import torch
 
 from ncfcli.backend import Backend
 from ncfcli.errors import NcfError, is_device_oom
+from ncfcli.heap import keep_heap
 from ncfcli.training.config import TrainConfig
 
 # Below this many rows per step a CPU run trains on one thread: its ops are too small for the
@@ -104,6 +105,8 @@ def set_threads(backend: Backend, local_batch: int) -> None:
     # NumPy releases the GIL in its heavy work (a fifth of ml-100k's training time otherwise;
     # one core is left to it); on a GPU the thread's kernels go to a CUDA stream of their own
     # (backend.build_stream). Two epochs of samples (12 B each) are alive at once.
+    if not backend.is_cuda:
+        keep_heap()  # freed table-sized gradients stay in the heap (ncfcli/heap.py)
     if not backend.is_cuda and not os.environ.get("OMP_NUM_THREADS"):
         small = local_batch < CPU_ONE_THREAD_BELOW
         torch.set_num_threads(1 if small else max(1, torch.get_num_threads() - 1))

@@ -315,14 +315,10 @@ def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
     ddp, prev = stepper.ddp, rows.prev
     users, items = rows.users, rows.items
     if rows.negatives is not None:  # shared negatives: [P, 1 + K] logits
-        logits = ddp(users, items, prev, negatives=rows.negatives).float()
+        logits, sq = ddp(users, items, prev, negatives=rows.negatives, neg_per_pos=rows.neg_per_pos)
         targets, weights = shared_targets(rows)
-        loss = pointwise_loss(logits, targets, weights, n)
-        if stepper.l2:
-            sq = stepper.model.shared_row_sq_sum(users, items, prev, rows.negatives,
-                                                 rows.neg_per_pos)  # fmt: skip
-            loss = loss + stepper.l2 * sq / n
-        return loss
+        loss = pointwise_loss(logits.float(), targets, weights, n)
+        return loss + stepper.l2 * sq / n if stepper.l2 else loss
     assert rows.labels is not None
     logits = (ddp(users, items) if prev is None else ddp(users, items, prev)).float()
     loss = pointwise_loss(logits, rows.labels, rows.weights, n)
@@ -335,7 +331,7 @@ def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
 def step_gradients(
     stepper: Stepper,
     batch: Batch,
-    seqs: tuple[torch.Tensor, torch.Tensor, int, int] | None = None,
+    seqs: tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Back-propagate one batch's loss (mean weighted BCE, plus the L2 of its rows) into the
     gradients, in slices of at most --micro-batch samples (gradient accumulation: each slice
