@@ -10,16 +10,16 @@ faulted in and zeroed by the kernel again: `fill_` of the user table's gradient 
 
 `keep_heap` raises both thresholds once per process (glibc only; elsewhere nothing changes), so
 freed blocks stay in the heap and the next step's allocation reuses their pages: Beauty's
-two-epoch `ncf train` 40 s -> 29 s with the same losses bit for bit, and a lower peak RSS
-(the pages are reused instead of mapped beside the ones still being unmapped); figures in
-docs/train.md ("The C heap"). It is process-wide and cannot be undone (glibc has no call to
-restore the adaptive threshold): `ncf train`, `ncf eval` and `ncf recommend` call it on a CPU
-(training/device.py, scoring/scorer.py), NCF_KEEP_HEAP=0 turns it off.
+two-epoch `ncf train` 41.8 s -> 30.6 s with the same figures, its peak RSS no higher (1.2 GB);
+figures in docs/train.md ("The C heap"). It is process-wide and cannot be undone (glibc has no
+call to restore the adaptive threshold): `ncf train`, `ncf eval` and `ncf recommend` call it on
+a CPU (training/device.py, scoring/scorer.py), NCF_KEEP_HEAP=0 turns it off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -31,15 +31,20 @@ MMAP_THRESHOLD = 1 << 30
 TRIM_THRESHOLD = (1 << 31) - 1
 OFF_ENV = "NCF_KEEP_HEAP"
 
-_done: list[bool] = []  # the outcome of the process's one call
 
-
+@functools.cache
 def keep_heap() -> bool:
     """Raise glibc's mmap and trim thresholds, once per process: True where they are set (now or
     by an earlier call), False where the C library is not glibc or NCF_KEEP_HEAP=0."""
-    if not _done:
-        _done.append(_set())
-    return _done[0]
+    libc = _glibc()
+    if os.environ.get(OFF_ENV) == "0" or libc is None:
+        return False
+    mallopt = libc.mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # The trim threshold first: setting either one also stops glibc raising them adaptively.
+    return bool(
+        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    )
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -51,18 +56,6 @@ def _glibc() -> ctypes.CDLL | None:
     except OSError:
         return None
     return libc if hasattr(libc, "gnu_get_libc_version") else None  # musl's mallopt: a no-op
-
-
-def _set() -> bool:
-    libc = _glibc()
-    if os.environ.get(OFF_ENV) == "0" or libc is None:
-        return False
-    mallopt = libc.mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # The trim threshold first: setting either one also stops glibc raising them adaptively.
-    return bool(
-        mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) and mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    )
 
 
 def trim_heap() -> None:

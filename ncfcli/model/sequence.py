@@ -10,9 +10,10 @@ blocks of one head, `factors` wide, over the item rows (times sqrt(factors)) plu
 position row, with dropout; a final LayerNorm. No position attends to a pad but itself
 (`mask_pads`; checkpoints from before 6 December 2026 attended them and still do), so a real
 position's state does not depend on the pads before it, and training runs only the positions
-with a real next item (`packed_states`): on Amazon Beauty, 31% of them. A model with the term takes that window as its
-third input everywhere: forward(users, items, window [B, L]), score_all(users, window [U, L]),
-the ONNX graph; the order term, where there is one too, reads the window's last column.
+with a real next item (`packed_states`): on Amazon Beauty, 31% of them. A model with the term
+takes that window as its third input everywhere: forward(users, items, window [B, L]),
+score_all(users, window [U, L]), the ONNX graph; the order term, where there is one too, reads
+the window's last column.
 
 Training: the term has its own objective, in the same steps as the kind's pointwise loss: each
 step also takes a share of the users (`SequenceBatches`, ncfcli/data/sequences.py), their latest
@@ -141,8 +142,8 @@ class Sequence(nn.Module):
     def states(
         self, window: torch.Tensor, embedded: torch.Tensor | None = None, last: bool = False
     ) -> torch.Tensor:
-        """window [B, m] item ids (pad: n_items), m <= L: the latest m of L positions, the
-        first L - m all pads (`loss` trims them) -> states [B, m, width]; `embedded`: E's rows
+        """window [B, m] item ids (pad: n_items), m <= L: the latest m of L positions (a
+        window cut of leading pads; ncf passes all L) -> states [B, m, width]; `embedded`: E's rows
         for the window, gathered beforehand (`loss` gathers all its rows at once); `last`:
         only the last position's state [B, 1, width].
 
@@ -171,15 +172,14 @@ class Sequence(nn.Module):
         return blocked | ((window == self.pad)[:, None, :] & ~itself)
 
     def packed_states(
-        self, window: torch.Tensor, slots: torch.Tensor, embedded: torch.Tensor
+        self, window: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor, embedded: torch.Tensor
     ) -> torch.Tensor:
         """The states of the positions at flat `slots` [N] of window [B, L] (those whose next
-        item is real: every real position and the pad just before the first), E's rows of
-        their items embedded [N, width] -> [N, width]: `states(window)` at those positions,
+        item is real: every real position and the pad just before the first), their items ids
+        [N] and E's rows of them embedded [N, width] -> [N, width]: `states(window)` there,
         for a term that masks its pads (no kept position attends to one dropped), at a cost
         that follows N rather than B x L (Beauty's windows: 31% of their positions)."""
         b, n = window.shape
-        ids = window.reshape(-1).index_select(0, slots)
         places = self.position.weight[-n:].index_select(0, slots % n)
         h = embedded * math.sqrt(self.item.embedding_dim) + places
         h = self.dropout(h) * (ids != self.pad).unsqueeze(-1).to(h.dtype)
@@ -261,13 +261,14 @@ class Sequence(nn.Module):
         slots = slots.long()
         # Every row of E the step reads in one gather, whose backward is one scatter into one
         # table-sized gradient (three of them, zero-filled and added, were 12% of the step).
+        inputs = window.reshape(-1).index_select(0, slots)
         nexts = targets.reshape(-1).index_select(0, slots)
-        ids = torch.cat([window.reshape(-1).index_select(0, slots), nexts, negatives])
+        ids = torch.cat([inputs, nexts, negatives])
         n = slots.shape[0]
         window_rows, next_rows, negative_rows = rows(self.item.weight, ids, self.training).split(
             [n, n, len(negatives)]
         )
-        states = self.packed_states(window, slots, window_rows)
+        states = self.packed_states(window, slots, inputs, window_rows)
         logits = self.logits(states, nexts, negatives, (next_rows, negative_rows))
         each = -logits.log_softmax(dim=-1)[:, 0]
         return each.sum() * ranks / (total or max(n, 1))
