@@ -221,7 +221,7 @@ def profile_one(
         from ncfcli.data.batches import NegativeSampler
         from ncfcli.data.sequences import SequenceBatches
         from ncfcli.model.neumf import NCF
-        from ncfcli.training import loop, optim, recency
+        from ncfcli.training import loop, optim, recency, step
         from ncfcli.training import start as start_module
         from ncfcli.training import validation as evaluation
 
@@ -261,7 +261,7 @@ def profile_one(
                 scaler.scale(extra).backward()
         return loss.detach()
 
-    loop.step_gradients = step_gradients  # type: ignore[assignment]
+    step.step_gradients = step_gradients  # type: ignore[assignment]
     # On the CPU: the timers read the host clock, which a GPU's queued kernels would not stop.
     sys.argv = ["ncf", "train", data, "--epochs", str(epochs), "--out", out, "--device", "cpu",
                 "-q", *ncf_args]  # fmt: skip

@@ -75,7 +75,10 @@ def test_training_learns_and_reports_json(run4: tuple[Path, Any]) -> None:
         "sequence_length",
         "select_metric",
         "tables",
+        "recipe",
+        "recipe_note",
     }
+    assert out["recipe"] == "ml-100k" and out["recipe_note"].endswith(" training positives")
     assert out["tables"].startswith("dense (auto: the tables take ")  # tiny tables: dense
     assert (out["selected_by"], out["dataset_split"]) == ("validation", "time")
     assert out["select_metric"] == "hr@10"

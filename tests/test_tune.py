@@ -300,6 +300,7 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
     runs trial 0's settings again before drawing new ones."""
     import ncfcli.training.loop as loop
     from ncfcli.errors import NcfError
+    from ncfcli.training.step import Interrupt
 
     real = loop.train
 
@@ -308,7 +309,7 @@ def test_an_interrupted_trial_is_removed_and_runs_again_with_its_settings(
         if how == "KeyboardInterrupt":
             raise KeyboardInterrupt
         if how.startswith("a Ctrl-C while"):  # the loop's handler holds it; on_epoch comes next
-            with loop.Interrupt() as held:
+            with Interrupt() as held:
                 held.requested = True
                 if kwargs["on_epoch"](1, {"validation": {"hr@10": 0.5, "ndcg@10": 0.3}}):
                     raise AssertionError("the trial went on past a Ctrl-C")

@@ -81,31 +81,137 @@ def _chains(path: Path, ordered: bool) -> Path:
     return path
 
 
-def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -> None:
-    """The size tiers past the first have no order term; on a sequential log (the validation
-    probe finds time) it is turned on, on a log whose times say nothing it stays off, and a
-    value given is kept."""
+def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> dict[Any, Any]:
+    """{(ordered, i): (the options resolved for `variants[i]` as if the dataset had n_train
+    training positives, the probe's verdict, the recipe's note)} on a sequential log and on
+    the same log at shuffled times."""
     from ncfcli.backend import get_backend
     from ncfcli.data.store import load_prepared
     from ncfcli.launch.environment import DistEnv
     from ncfcli.training.config import TrainConfig
-    from ncfcli.training.defaults import ORDER_FACTORS_ON, size_defaults
     from ncfcli.training.start import resolve_options
 
     backend = get_backend("cpu")
-    second_tier = 600_000
-    assert size_defaults(second_tier)["order_factors"] == 0
     got = {}
     for ordered in (True, False):
         out = tmp_path / f"d{ordered}"
-        res = ncf("prepare", _chains(tmp_path / f"c{ordered}.csv", ordered), "--out", out,
-                  "--eval-negatives", 20, "--device", "cpu", "-q")  # fmt: skip
-        assert res.exit_code == 0, res.output
+        if not out.exists():
+            res = ncf("prepare", _chains(tmp_path / f"c{ordered}.csv", ordered), "--out", out,
+                      "--eval-negatives", 20, "--device", "cpu", "-q")  # fmt: skip
+            assert res.exit_code == 0, res.output
         data = load_prepared(out, backend)
-        for given in (None, 0):
-            cfg = TrainConfig(data_dir=str(out), order_factors=given)
-            resolved, probed = resolve_options(cfg, data, DistEnv(), backend, None, second_tier)
-            got[(ordered, given)] = (resolved.order_factors, probed is not None and probed.on)
-    assert got[(True, None)] == (ORDER_FACTORS_ON, True)
-    assert got[(False, None)] == (0, False)
-    assert got[(True, 0)][0] == 0 and got[(False, 0)][0] == 0
+        for i, flags in enumerate(variants):
+            cfg = TrainConfig(data_dir=str(out), **flags)
+            resolved, probed, note = resolve_options(cfg, data, DistEnv(), backend, None, n_train)
+            got[(ordered, i)] = (resolved, probed is not None and probed.on, note)
+    return got
+
+
+def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -> None:
+    """The size tiers past the first have no order term (`--recipe size`); on a sequential
+    log (the validation probe finds time) it is turned on, on a log whose times say nothing
+    it stays off, and a value given is kept."""
+    from ncfcli.training.defaults import ORDER_FACTORS_ON, size_defaults
+
+    second_tier = 600_000
+    assert size_defaults(second_tier)["order_factors"] == 0
+    got = _resolved(
+        tmp_path, second_tier, [{"recipe": "size"}, {"recipe": "size", "order_factors": 0}]
+    )
+    assert [(got[(o, 0)][0].order_factors, got[(o, 0)][1]) for o in (True, False)] == [
+        (ORDER_FACTORS_ON, True), (0, False)]  # fmt: skip
+    assert got[(True, 1)][0].order_factors == 0 and got[(False, 1)][0].order_factors == 0
+    assert {got[k][0].model for k in got} == {"neumf"}  # the second column's, whatever the probe
+
+
+def test_recipe_auto_lets_the_validation_probe_choose_the_column(tmp_path: Path) -> None:
+    """`--recipe auto` (the default): in the second column's size range a sequential log (the
+    probe finds time) trains the first column's recipe, MF with the order and sequence terms
+    and 32 negatives; the same log at shuffled times keeps the size's column. The first and
+    the last column's sizes keep theirs; a column named is used as named."""
+    from ncfcli.training.defaults import RECIPES, column_defaults
+
+    first, second = column_defaults(0, 600_000), column_defaults(1, 600_000)
+    got = _resolved(tmp_path, 600_000, [{}, {"recipe": "ml-20m"}, {"model": "gmf"}])
+    timed, untimed = got[(True, 0)], got[(False, 0)]
+    assert timed[0].recipe == RECIPES[0] and timed[1] and "time signal" in timed[2]
+    for name in ("model", "neg_per_pos", "batch_size", "shared_negatives", "l2", "epochs"):
+        assert getattr(timed[0], name) == first[name], name
+    assert timed[0].sequence_length == first["sequence_length"] > 0
+    assert timed[0].recency_weight == first["recency_weight"] > 0
+    assert untimed[0].recipe == RECIPES[1] and not untimed[1]
+    assert untimed[2] == "600,000 training positives; validation probe: z " + (
+        f"{_z(tmp_path)}, no time signal"
+    )
+    assert (untimed[0].model, untimed[0].neg_per_pos) == (second["model"], second["neg_per_pos"])
+    assert untimed[0].sequence_length == 0 and untimed[0].recency_weight == 0
+    # A column named: that column, no note; --model given keeps the probe's column, its kind.
+    assert [(got[(o, 1)][0].recipe, got[(o, 1)][2]) for o in (True, False)] == [("ml-20m", "")] * 2
+    assert (got[(True, 2)][0].recipe, got[(True, 2)][0].model) == (RECIPES[0], "gmf")
+    assert (got[(False, 2)][0].recipe, got[(False, 2)][0].model) == (RECIPES[1], "gmf")
+    # The first and last columns' sizes: chosen by size, the note says so.
+    small, large = _resolved(tmp_path, 1_000, [{}]), _resolved(tmp_path, 6_000_000, [{}])
+    assert [small[(o, 0)][0].recipe for o in (True, False)] == [RECIPES[0]] * 2
+    assert [large[(o, 0)][0].recipe for o in (True, False)] == [RECIPES[2]] * 2
+    assert small[(False, 0)][2] == "1,000 training positives"
+    assert large[(True, 0)][2] == "6,000,000 training positives"
+
+
+def _z(tmp_path: Path) -> str:
+    """The probe's z on the shuffled log, as the note prints it."""
+    from ncfcli.backend import get_backend
+    from ncfcli.data.store import load_prepared
+    from ncfcli.training.recency import probe
+
+    backend = get_backend("cpu")
+    got = probe(load_prepared(tmp_path / "dFalse", backend), backend.xp, seed=0)
+    assert got is not None
+    return f"{got.z:.1f}"
+
+
+def test_a_recipe_named_trains_its_column_and_the_run_says_how_it_was_chosen(
+    prepared_dir: Path, tmp_path: Path
+) -> None:
+    """`--recipe ml-1m` on a small dataset trains the second column's settings; config.json,
+    `--json` and the summary say which column trained and why; a resume keeps it and refuses
+    another; an unknown recipe is one line, exit 2."""
+    from ncfcli.training.defaults import column_defaults
+
+    second = column_defaults(1, 1000)
+    run = tmp_path / "named"
+    common = ("--epochs", 1, "--device", "cpu", "--factors", 8, "--layers", "16,8")
+    res = ncf("train", prepared_dir, "--out", run, "--recipe", "ml-1m", *common, "--json")
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    train = config["train"]
+    assert train["recipe"] == "ml-1m" and "recipe_note" not in config
+    for name in ("model", "neg_per_pos", "batch_size", "shared_negatives", "l2", "patience"):
+        assert train[name] == second[name], name
+    assert json.loads(res.stdout)["recipe"] == "ml-1m"
+    # The default: the size's column here, and the note gives the size.
+    auto = tmp_path / "auto"
+    res = ncf("train", prepared_dir, "--out", auto, *common)
+    assert res.exit_code == 0, res.output
+    config = json.loads((auto / "config.json").read_text())
+    n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
+    assert config["train"]["recipe"] == "ml-100k"
+    assert config["recipe_note"] == f"{n_train:,} training positives"
+    assert f"ml-100k ({n_train:,} training positives)" in " ".join(res.stdout.split())
+    # A resume keeps the run's column; another one named is refused in one line.
+    res = ncf(
+        "train", "--out", run, "--resume", "--epochs", 2, "--recipe", "ml-100k", "--device", "cpu"
+    )
+    assert (
+        res.exit_code == 1
+        and "--recipe ml-100k differs from the run being resumed (ml-1m)" in res.output
+    )
+    assert "Traceback" not in res.output
+    res = ncf("train", "--out", run, "--resume", "--epochs", 2, "--device", "cpu", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["recipe"] == "ml-1m"
+    res = ncf("train", prepared_dir, "--out", tmp_path / "bad", "--recipe", "ml-5m", *common)
+    assert (
+        res.exit_code == 2
+        and "--recipe must be one of auto, size, ml-100k, ml-1m, ml-20m" in res.output
+    )
+    assert not (tmp_path / "bad").exists()

@@ -177,6 +177,9 @@ def _summary_rows(result: TrainResult) -> list[tuple[str, Any]]:
         ("best epoch", _chosen_row(result.best_epoch, result.selected_by, result.select_metric)),
         ("split", result.dataset_split),
     ]
+    if result.recipe:
+        note = f" ({result.recipe_note})" if result.recipe_note else ""
+        rows.append(("recipe", result.recipe + note))
     if result.recency_weight or result.recency_probe:
         rows.append(("recency weight", _recency_row(result.recency_weight, result.recency_probe)))
     rows += describe_terms(result.terms, result.sequence_note)

@@ -43,13 +43,19 @@ from ncfcli.options import (
     opt,
 )
 from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS
-from ncfcli.training.defaults import first_tier, size_defaults, small_data_batch
+from ncfcli.training.defaults import (
+    RECIPES,
+    column_defaults,
+    size_column,
+    small_data_batch,
+)
 
 AMP_DTYPES = ("auto", "bf16", "fp16")
 SCALINGS = ("strong", "weak")
 LR_DECAYS = ("none", "linear", "cosine")
 SPARSE_TABLES = ("auto", "on", "off")  # `--sparse-tables`: ncfcli/training/tables.py
 SHARDS = ("auto", "none", "users")  # `--shard`: ncfcli/training/shard.py
+RECIPE_CHOICES = ("auto", "size", *RECIPES)  # `--recipe`: start.recipe_choice
 # The large-batch rule (batch_lr): lr x min(k ** power, cap), k = global batch / tuned batch;
 # a slower power with the order term, no warm-up (docs/training-defaults.md, "Large batches").
 LR_SCALE_POWER = 0.75
@@ -142,6 +148,15 @@ class TrainConfig:
         shown=BY_SIZE,
         check=one_of(kinds.ALL),
         fixed=WEIGHTS,
+    )
+    # a new run's column of defaults.py; resolved to the column's name (a resumed run: its own)
+    recipe: str | None = opt(
+        None,
+        "Column below: auto, size, " + ", ".join(RECIPES) + ".",
+        MODEL,
+        shown="auto",
+        check=one_of(RECIPE_CHOICES),
+        legacy="size",
     )
     factors: int | None = opt(
         None,
@@ -490,15 +505,25 @@ def resolve(
     saved: dict[str, Any] | None,
     n_users: int | None = None,
 ) -> TrainConfig:
-    """Fill every None: from the resumed run's config when there is one, else the size defaults.
+    """Fill every None: from the resumed run's config when there is one, else the defaults of
+    the column --recipe names (the dataset size's for `size`, and for `auto`, which
+    start.recipe_choice resolves to a column before this where it needs the probe); `recipe`
+    becomes the column's name (a resumed run's: its own, whatever is given).
 
     On resume, an option in FIXED_ON_RESUME given with another value than the run's is refused.
     """
-    fill = (
-        size_defaults(n_train, n_users)
-        if saved is None
-        else {**size_defaults(n_train, n_users), **LEGACY, **saved}
-    )
+    column = recipe_column(cfg.recipe, n_train)
+    if saved is not None:
+        kept = saved.get("recipe")
+        column = RECIPES.index(kept) if kept in RECIPES else size_column(n_train)
+        if cfg.recipe in RECIPES and cfg.recipe != RECIPES[column]:
+            raise NcfError(
+                f"--recipe {cfg.recipe} differs from the run being resumed ({RECIPES[column]}); "
+                "its settings came from that column: train a new run into another --out"
+            )
+        cfg = replace(cfg, recipe=None)
+    sized = column_defaults(column, n_train, n_users)
+    fill = sized if saved is None else {**sized, **LEGACY, **saved}
     if saved is not None:
         for name, why in FIXED_ON_RESUME.items():
             given, had = getattr(cfg, name), saved.get(name)
@@ -515,13 +540,13 @@ def resolve(
         if getattr(cfg, f.name) is None and f.name in fill:
             v = fill[f.name]
             values[f.name] = tuple(v) if f.name == "layers" and v is not None else v
-    out = replace(cfg, **values)
+    out = replace(cfg, **{**values, "recipe": RECIPES[column]})
     ranks = world_size if out.scaling == "weak" else 1  # ranks whose batches make a global one
-    if saved is None and cfg.batch_size is None and first_tier(n_train):
+    if saved is None and cfg.batch_size is None and column == 0:
         samples = n_train * (1 + int(out.neg_per_pos or 0))
         out = replace(out, batch_size=small_data_batch(int(out.batch_size or 1), samples, ranks))
     if saved is None and cfg.lr is None:
-        ref = size_defaults(n_train)
+        ref = column_defaults(column, n_train)
         global_batch = int(out.batch_size or 1) * ranks
         power = LR_SCALE_POWER_ORDER if out.order_factors else LR_SCALE_POWER
         lr, warmup = batch_lr(float(ref["lr"]), global_batch, int(ref["batch_size"]), power)
@@ -531,6 +556,12 @@ def resolve(
     if out.warmup_epochs is None:
         out = replace(out, warmup_epochs=0)
     return out
+
+
+def recipe_column(recipe: str | None, n_train: int) -> int:
+    """The column of defaults.py that --recipe names: a column by its name, else (`size`,
+    `auto`) the dataset size's."""
+    return RECIPES.index(recipe) if recipe in RECIPES else size_column(n_train)
 
 
 def batch_lr(

@@ -56,14 +56,32 @@ BY_SIZE = (
 )  # fmt: skip
 
 
+# The columns as recipes (`--recipe`), named for the dataset each was tuned on.
+RECIPES = ("ml-100k", "ml-1m", "ml-20m")
+# --recipe auto: in the second column's size range, the validation probe chooses between these
+# two (ncfcli/training/start.py, recipe_choice; docs/training-defaults.md, "--recipe auto").
+AUTO_COLUMNS = (0, 1)
+
+
+def size_column(n_train: int) -> int:
+    """The column (index into TIERS) of a dataset of `n_train` training positives."""
+    for i, (bound, _, _) in enumerate(TIERS):
+        if bound is None or n_train < bound:
+            return i
+    raise AssertionError("the last tier has no bound")
+
+
+def column_defaults(column: int, n_train: int, n_users: int | None = None) -> dict[str, Any]:
+    """Column `column`'s values for a dataset of `n_train` training positives and `n_users`
+    users (the first column gets SPARSE on top where the data is sparse)."""
+    sparse = column == 0 and bool(n_users) and n_train < SPARSE_PER_USER * (n_users or 0)
+    return {**BASE, **TIERS[column][2], **(SPARSE if sparse else {})}
+
+
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
     """The tuned defaults for a dataset of `n_train` training positives (and `n_users` users:
     a sparse dataset in the first tier gets SPARSE on top)."""
-    for i, (bound, _, tier) in enumerate(TIERS):
-        if bound is None or n_train < bound:
-            sparse = i == 0 and bool(n_users) and n_train < SPARSE_PER_USER * (n_users or 0)
-            return {**BASE, **tier, **(SPARSE if sparse else {})}
-    raise AssertionError("the last tier has no bound")
+    return column_defaults(size_column(n_train), n_train, n_users)
 
 
 def small_data_batch(batch: int, samples_per_epoch: int, ranks: int = 1) -> int:
@@ -73,11 +91,6 @@ def small_data_batch(batch: int, samples_per_epoch: int, ranks: int = 1) -> int:
     while batch > MIN_BATCH and samples_per_epoch < MIN_STEPS_PER_EPOCH * batch * ranks:
         batch //= 2
     return batch
-
-
-def first_tier(n_train: int) -> bool:
-    bound = TIERS[0][0]
-    return bound is not None and n_train < bound
 
 
 def _show(name: str, value: Any) -> str:
@@ -102,7 +115,8 @@ def table_text() -> str:
     lines.append(f" and its batch halves, down to 2^{floor}, until an epoch has {steps} steps;")
     lines.append(" --recency-weight, --sequence-length only where a validation probe finds a")
     lines.append(" time signal, --order-factors only where the data has a time order, and")
-    lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal)")
+    lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal;")
+    lines.append(" --recipe auto: where it does, the first column up to 5M; size: by size)")
     return "\n".join(lines)
 
 

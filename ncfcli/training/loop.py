@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import shlex
-import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +32,6 @@ from typing import Any
 import torch
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.data.batches import NegativeSampler
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv, env_from_environ
@@ -46,7 +44,7 @@ from ncfcli.training import validation as evaluation
 from ncfcli.training.baselines import fit_baseline
 from ncfcli.training.config import TrainConfig, out_of_patience
 from ncfcli.training.device import is_oom, tf32_restored
-from ncfcli.training.optim import Batch, Stepper, lr_at, seed_dropout, seed_for, step_gradients
+from ncfcli.training.optim import Batch, Stepper, seed_for
 from ncfcli.training.refit import refit_settings
 from ncfcli.training.run import (
     TrainResult,
@@ -60,7 +58,7 @@ from ncfcli.training.run import (
 from ncfcli.training.session import Session
 from ncfcli.training.shard import load as load_shard
 from ncfcli.training.start import start
-from ncfcli.training.stream import StreamSampler
+from ncfcli.training.step import Interrupt, build_epoch, read_sums, take_step
 
 LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
 
@@ -172,7 +170,7 @@ def run_training(
             seconds = time.perf_counter() - t0
             totals.seconds += seconds
             totals.samples += ep.done
-            loss_total, n_seen, _ = _read(ep.acc, ep.carried, interrupt.requested, env)
+            loss_total, n_seen, _ = read_sums(ep.acc, ep.carried, interrupt.requested, env)
             ep.loss, ep.seconds = loss_total / max(n_seen, 1.0), seconds
             scores = _end_epoch(s, epoch, ep, run_log, bar, hooks.score_test)
             totals.trained += 1
@@ -225,11 +223,6 @@ class _Epoch:
     done: int = 0  # the samples of all ranks its steps trained (from `first`)
 
 
-def build_epoch(sampler: NegativeSampler | StreamSampler, epoch: int, batch_size: int) -> Any:
-    with sampler.backend.build_stream():
-        return sampler.epoch(epoch, batch_size)
-
-
 def epoch_steps(
     s: Session, batches: Any, epoch: int, bar: Any, interrupt: Interrupt, check_sync: bool
 ) -> _Epoch:
@@ -257,18 +250,8 @@ def epoch_steps(
         )
     for columns in batches.batches(first):
         batch = Batch(*columns)  # a step's rows (ncfcli/data/batches.py, shared_negatives.py)
-        if cfg.dropout or s.sequences is not None:  # the sequence term has its own dropout
-            seed_dropout(s.device, dropout_base, step)
-        # Set every step (a resumed run's optimizer state holds the old run's lr).
-        ep.lr_now = lr_at(cfg, (epoch - 1) * n_steps + step, n_steps)
+        loss, ep.lr_now = take_step(s, stepper, batch, (epoch, step, n_steps), dropout_base)
         ep.lr_first = ep.lr_now if ep.lr_first is None else ep.lr_first
-        for g in s.optimizer.param_groups:
-            g["lr"] = ep.lr_now * g.get("lr_scale", 1.0)
-        s.optimizer.zero_grad(set_to_none=True)
-        seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
-        loss = step_gradients(stepper, batch, seqs)
-        s.scaler.step(s.optimizer)
-        s.scaler.update()
         step += 1
         acc[0] += loss.detach() * batch.n_samples
         acc[1] += batch.n_samples
@@ -278,7 +261,7 @@ def epoch_steps(
         # One process stops on its own flag at once; several decide together at a read.
         stop = interrupt.requested and not env.enabled
         if step % read_every == 0 or step == n_steps or stop:
-            loss_total, n_seen, stop = _read(acc, carried, interrupt.requested, env)
+            loss_total, n_seen, stop = read_sums(acc, carried, interrupt.requested, env)
             mean = loss_total / max(n_seen, 1.0)
             _check_loss(s, mean, epoch, step, n_steps)
             bar.update(task, loss=f"{mean:.3f}")
@@ -446,16 +429,9 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         sequence_note=s.sequence_note,
         shard=s.shard,
         select_metric=str(cfg.select_metric),
+        recipe=str(cfg.recipe),
+        recipe_note=s.recipe_note,
     )
-
-
-def _read(
-    acc: torch.Tensor, carried: torch.Tensor, stop: bool, env: DistEnv
-) -> tuple[float, float, bool]:
-    """(loss sum, samples, any rank asked to stop) over all ranks: the one host sync of a read."""
-    flag = torch.tensor([0.0, 0.0, 1.0 if stop else 0.0], dtype=acc.dtype, device=acc.device)
-    total = dist_env.all_reduce_sum(acc + flag, env).cpu() + carried
-    return float(total[0]), float(total[1]), bool(total[2] > 0)
 
 
 def _checksum(model: torch.nn.Module) -> torch.Tensor:
@@ -473,30 +449,6 @@ def _check_sync(model: torch.nn.Module, env: DistEnv, step: int) -> None:
             raise NcfError(
                 f"NCF_CHECK_SYNC: parameters of rank {r} differ from rank 0 after step {step}"
             )
-
-
-class Interrupt:
-    """First Ctrl-C asks the loop to stop after the current step; a second one raises at once."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
-
-    def __enter__(self) -> Interrupt:
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread: keep Python's default
-            self._previous = None
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 class _NullProgress:

@@ -56,6 +56,8 @@ class TrainResult:
     sequence_note: str | None = None  # why the window is not the one asked for (off, capped)
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
     select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
+    recipe: str = ""  # the column of defaults the run trained with (--recipe)
+    recipe_note: str = ""  # how a new run chose it (start.recipe_choice)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -73,6 +75,10 @@ class TrainResult:
             **self.terms,
             "tables": self.tables,
         }
+        if self.recipe:
+            out["recipe"] = self.recipe
+        if self.recipe_note:
+            out["recipe_note"] = self.recipe_note
         if self.stopped_by:
             out["stopped_by"] = self.stopped_by
         if self.sequence_note:
@@ -153,9 +159,11 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
             extra["recency_probe"] = s.probed.to_dict()
         if s.sequence_note:
             extra["sequence_note"] = s.sequence_note
+        if s.recipe_note:
+            extra["recipe_note"] = s.recipe_note
         if s.resumed:  # the probe ran and the window was set when the run started: kept
             kept = record.read_config(run_dir)
-            for key in ("recency_probe", "sequence_note"):
+            for key in ("recency_probe", "sequence_note", "recipe_note"):
                 if key not in extra and kept.get(key) is not None:
                     extra[key] = kept[key]
         record.write_config(run_dir, record.config_json(head(s), s.backend.describe(), KS, extra))

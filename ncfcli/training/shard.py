@@ -29,8 +29,8 @@ from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
-from ncfcli.training.config import TrainConfig
-from ncfcli.training.defaults import size_defaults
+from ncfcli.training.config import TrainConfig, recipe_column
+from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults
 from ncfcli.training.stream import rank_rows, window_buckets
 from ncfcli.ui import memory_size
 
@@ -102,8 +102,12 @@ def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backen
     if cfg.shard == "none":
         return Layout("none", "--shard none")
     if cfg.shard == "auto":
-        sized = size_defaults(int(meta["n_train"]), meta["n_users"])
-        neg = cfg.neg_per_pos or int(sized.get("neg_per_pos") or 4)
+        n_train = int(meta["n_train"])
+        column = recipe_column(cfg.recipe, n_train)
+        auto = cfg.recipe in (None, "auto") and column in AUTO_COLUMNS  # the probe may choose
+        columns = AUTO_COLUMNS if auto else (column,)
+        sized = [column_defaults(c, n_train, meta["n_users"])["neg_per_pos"] for c in columns]
+        neg = cfg.neg_per_pos or max(int(n or 4) for n in sized)
         need = plan_bytes(meta, neg, world)
         free = free_bytes(backend)
         over = free is not None and need > SHARE * free

@@ -50,7 +50,7 @@ from ncfcli.training.config import (
     resolve,
     tunables,
 )
-from ncfcli.training.defaults import ORDER_FACTORS_ON
+from ncfcli.training.defaults import AUTO_COLUMNS, ORDER_FACTORS_ON, RECIPES, size_column
 from ncfcli.training.device import set_precision, set_threads
 from ncfcli.training.optim import make_optimizer
 from ncfcli.training.refit import load_pretrained
@@ -89,7 +89,9 @@ def start(
     if saved is not None and asked:  # the command that started a capped run, with --resume
         cfg = replace(cfg, sequence_length=as_capped(asked, saved, data, backend))
     shared_asked = cfg.shared_negatives
-    cfg, probed = resolve_options(cfg, data, env, backend, saved, n_train, layout.sharded)
+    cfg, probed, recipe_note = resolve_options(
+        cfg, data, env, backend, saved, n_train, layout.sharded
+    )
     cfg = shared_choice(cfg, shared_asked, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
     resumes = list(resumed.get("resumes") or []) if resumed else []
@@ -109,6 +111,7 @@ def start(
         "layout": layout,
         "shard": shard,
         "sequence_note": sequence_note,
+        "recipe_note": recipe_note,
     }
     return _session(cfg, data, env, backend, run_dir, resumed, facts)
 
@@ -211,15 +214,16 @@ def resolve_options(
     saved: dict[str, Any] | None,
     n_train: int,
     sharded: bool = False,
-) -> tuple[TrainConfig, recency.Probe | None]:
-    """Every option filled (config.resolve), with the defaults that need time (TIME_DEFAULTS)
-    off where the dataset has no time order or the validation probe finds no time signal; and
-    the probe's result when it ran (on rank 0's shard when `sharded`, shared with every rank)."""
+) -> tuple[TrainConfig, recency.Probe | None, str]:
+    """Every option filled (config.resolve) from the column --recipe chooses (`recipe_choice`),
+    with the defaults that need time (TIME_DEFAULTS) off where the dataset has no time order or
+    the validation probe finds no time signal; the probe's result when it ran (on rank 0's
+    shard when `sharded`, shared with every rank); and how the column was chosen."""
     given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
     if data.train_age is None and saved is None:  # no time order: those defaults are off
         cfg = replace(cfg, **{n: off for n, off in TIME_DEFAULTS.items() if given[n] is None})
+    cfg, probed, note = recipe_choice(cfg, data, env, backend, saved, n_train, sharded)
     cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
-    probed = None
     wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
     # Past the first tier the size default has no order term; where the validation probe finds
     # a time signal (a sequential log), it is turned on as in the first tier.
@@ -229,12 +233,9 @@ def resolve_options(
         and saved is None
         and data.train_age is not None
     )
-    if wanted or order_probe:
+    if (wanted or order_probe) and probed is None:
         # The size default says "on": the validation split decides whether time says anything.
-        if sharded:
-            probed = _shared_probe(data, env, backend)
-        else:
-            probed = recency.probe(data, backend.xp, seed=0)
+        probed = _probe(data, env, backend, sharded)
         if wanted and (probed is None or not probed.on):
             cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
         if order_probe and probed is not None and probed.on:
@@ -244,7 +245,56 @@ def resolve_options(
             if given[name]:
                 check_ages(cfg, data, "--" + name.replace("_", "-"))
             cfg = replace(cfg, **{name: off})  # a resumed run's default where there is no time
-    return cfg, probed
+    return cfg, probed, note
+
+
+def recipe_choice(
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    saved: dict[str, Any] | None,
+    n_train: int,
+    sharded: bool,
+) -> tuple[TrainConfig, recency.Probe | None, str]:
+    """--recipe auto, a new run's default: the column of defaults.py that trains, and why (the
+    summary's note). Between the first two columns the validation probe decides, not the row
+    count: where it finds a time signal (a user's next item follows their latest ones), the
+    first column's recipe, whose sequence term reads that signal, trains at any size under the
+    last column's bound; where it finds none, or the positives have no time order, the size's
+    column. Returns the probe's result where it ran. A column named (or `size`) is the user's
+    choice, and a resumed run keeps its own: no note."""
+    if saved is not None or cfg.recipe not in (None, "auto"):
+        return cfg, None, ""
+    column = size_column(n_train)
+    sized = f"{n_train:,} training positives"
+    if column != AUTO_COLUMNS[1]:  # the first column's size, or the last's
+        return replace(cfg, recipe=RECIPES[column]), None, sized
+    if data.train_age is None:
+        return replace(cfg, recipe=RECIPES[column]), None, f"{sized}, no time order"
+    probed = _probe(data, env, backend, sharded)
+    found = probed is not None and probed.on
+    z = f"z {probed.z:.1f}" if probed is not None else "no validation split"
+    if found:
+        return (
+            replace(cfg, recipe=RECIPES[AUTO_COLUMNS[0]]),
+            probed,
+            f"validation probe: {z}, time signal",
+        )
+    return (
+        replace(cfg, recipe=RECIPES[column]),
+        probed,
+        f"{sized}; validation probe: {z}, no time signal",
+    )
+
+
+def _probe(
+    data: PreparedData, env: DistEnv, backend: Backend, sharded: bool
+) -> recency.Probe | None:
+    """The validation probe (recency.py): on rank 0's shard under --shard users, shared."""
+    if sharded:
+        return _shared_probe(data, env, backend)
+    return recency.probe(data, backend.xp, seed=0)
 
 
 def shared_choice(cfg: TrainConfig, asked: int | None, sharded: bool) -> TrainConfig:
