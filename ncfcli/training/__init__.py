@@ -5,8 +5,10 @@
 - config.py: the options (TrainConfig), their per-dataset defaults (`resolve`, `batch_lr`) and
   what --resume and --refit may change; defaults.py: the size table; recency.py: the recency
   weights and the validation probe that decides them;
-- start.py: where a run starts from: resumed or new, the model and Adam, the data on the device;
+- start.py: where a run starts from: resumed or new, the column of defaults (--recipe), the
+  model and Adam, the data on the device;
 - session.py: the run's state while it trains (`Session`), built by start.py, updated by the loop;
+- step.py: one optimizer step, an epoch's samples, the loss read, Ctrl-C;
 - optim.py: the optimizer, the lr of each step (warm-up, decay), micro-batch gradients;
 - validation.py: HR@10 and NDCG@10 on the validation split per epoch, and which epoch is the run's;
 - run.py: what a run records of its training (TrainResult, the epochs' records), written by
