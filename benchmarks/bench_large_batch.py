@@ -1,8 +1,8 @@
-"""Large global batches against the default batch, same epochs: `python benchmarks/bench_large_batch.py`.
+"""Large global batches against the default batch: `python benchmarks/bench_large_batch.py`.
 
 On MovieLens-100K as `ncf prepare` splits it (validation and test), trains `ncf train DATA`
 with no flag but the batch (the learning-rate rule of ncfcli.training.config.batch_lr picks lr and
-warm-up) at the default batch (2^14), 2^16 and 2^17 global (49 and 25 steps an epoch at the
+warm-up, and where --patience is on batch_epochs the epochs) at the default batch (2^14), 2^16 and 2^17 global (49 and 25 steps an epoch at the
 default 32 negatives; 14 and 7 at 8), and
 with `--nproc N --scaling weak --batch-size 16384` (gloo CPU workers; global 2^14 x N). Each
 run's validation-chosen epoch is scored on the test split. Prints test HR@10 / NDCG@10

@@ -60,6 +60,34 @@ def test_a_given_lr_and_warmup_are_used_as_given() -> None:
     assert resolved(batch_size=1 << 17, warmup_epochs=3).warmup_epochs == 3
 
 
+@pytest.mark.parametrize(("batch", "world", "epochs"), [(1 << 14, 1, 10), (1 << 15, 1, 15),
+                         (1 << 16, 1, 20), (1 << 17, 1, 29), (1 << 14, 4, 20), (1 << 20, 1, 40)])  # fmt: skip
+def test_with_patience_a_larger_batch_trains_more_epochs(
+    batch: int, world: int, epochs: int
+) -> None:
+    """k = global batch / 2^14 fewer steps an epoch, each at lr x k^0.5: k^0.5 times the
+    epochs keep the sum of the lr over the run (29 = ceil(10 x 8^0.5)), up to 4x; --patience
+    ends the longer run where validation stops gaining."""
+    cfg = resolved(world=world, scaling="weak", batch_size=batch)
+    assert cfg.patience == REF["patience"] > 0 and REF["epochs"] == 10
+    assert cfg.epochs == epochs
+    no_order = resolved(batch_size=1 << 16, order_factors=0)  # lr x 4^0.75: 4 / 2.83 the epochs
+    assert no_order.epochs == 15
+
+
+def test_without_patience_or_with_epochs_or_lr_given_the_epochs_stay() -> None:
+    """The epochs grow only with the rule's lr and only where --patience can stop the run:
+    not with --patience 0, an --epochs or an --lr given, nor in a column without patience."""
+    big = 1 << 17
+    assert resolved(batch_size=big, patience=0).epochs == REF["epochs"]
+    assert resolved(batch_size=big, epochs=7).epochs == 7
+    assert resolved(batch_size=big, lr=0.004).epochs == REF["epochs"]
+    second = resolve(TrainConfig(data_dir="d", batch_size=1 << 19), 600_000, 1, None)
+    assert second.patience == 0 and second.epochs == size_defaults(600_000)["epochs"]
+    resumed = resolve(TrainConfig(data_dir="d"), SMALL_N, 1, {**REF, "batch_size": big})
+    assert resumed.epochs == REF["epochs"]  # a resumed run keeps its own
+
+
 def test_the_run_records_the_resolved_lr(prepared_dir: Path, tmp_path: Path) -> None:
     run = tmp_path / "big"
     args = ["train", str(prepared_dir), "--out", str(run), "--device", "cpu", "--epochs", "1",

@@ -62,6 +62,8 @@ LR_SCALE_POWER = 0.75
 LR_SCALE_POWER_ORDER = 0.5
 LR_SCALE_CAP = 8.0
 LR_WARMUP_EPOCHS = 0
+# With --patience on, a large batch's run also trains more epochs (batch_epochs), up to x4.
+EPOCHS_SCALE_CAP = 4.0
 
 # Why --resume may not change an option (`fixed`): what makes a resumed run equal an
 # uninterrupted one (docs/training-defaults.md, "What --resume and --refit keep").
@@ -553,9 +555,24 @@ def resolve(
         out = replace(out, lr=lr)
         if out.warmup_epochs is None:
             out = replace(out, warmup_epochs=warmup)
+        # --patience ends the longer run where validation stops gaining
+        if cfg.epochs is None and out.patience:
+            scale = batch_epochs(float(ref["lr"]), lr, global_batch, int(ref["batch_size"]))
+            out = replace(out, epochs=math.ceil(int(out.epochs or 1) * scale))
     if out.warmup_epochs is None:
         out = replace(out, warmup_epochs=0)
     return out
+
+
+def batch_epochs(lr_ref: float, lr: float, global_batch: int, ref_batch: int) -> float:
+    """How many times the column's epochs a run of `global_batch` (at the rule's `lr`) trains
+    where --patience is on: k = global batch / tuned batch fewer steps an epoch, each lr / lr_ref
+    the size, so k / (lr / lr_ref) times the epochs keep the sum of the lr over the run's steps
+    the column's; at most EPOCHS_SCALE_CAP (docs/training-defaults.md, "Large batches")."""
+    k = global_batch / ref_batch
+    if k <= 1:
+        return 1.0
+    return min(k / (lr / lr_ref), EPOCHS_SCALE_CAP)
 
 
 def recipe_column(recipe: str | None, n_train: int) -> int:
