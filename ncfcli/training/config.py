@@ -46,6 +46,7 @@ from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS
 from ncfcli.training.defaults import (
     RECIPES,
     column_defaults,
+    recipe_column,
     size_column,
     small_data_batch,
 )
@@ -573,12 +574,6 @@ def batch_epochs(lr_ref: float, lr: float, global_batch: int, ref_batch: int) ->
     if k <= 1:
         return 1.0
     return min(k / (lr / lr_ref), EPOCHS_SCALE_CAP)
-
-
-def recipe_column(recipe: str | None, n_train: int) -> int:
-    """The column of defaults.py that --recipe names: a column by its name, else (`size`,
-    `auto`) the dataset size's."""
-    return RECIPES.index(recipe) if recipe in RECIPES else size_column(n_train)
 
 
 def batch_lr(

@@ -78,6 +78,12 @@ def column_defaults(column: int, n_train: int, n_users: int | None = None) -> di
     return {**BASE, **TIERS[column][2], **(SPARSE if sparse else {})}
 
 
+def recipe_column(recipe: str | None, n_train: int) -> int:
+    """The column of defaults.py that --recipe names: a column by its name, else (`size`,
+    `auto`) the dataset size's."""
+    return RECIPES.index(recipe) if recipe in RECIPES else size_column(n_train)
+
+
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
     """The tuned defaults for a dataset of `n_train` training positives (and `n_users` users:
     a sparse dataset in the first tier gets SPARSE on top)."""

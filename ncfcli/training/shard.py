@@ -29,8 +29,8 @@ from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
-from ncfcli.training.config import TrainConfig, recipe_column
-from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults
+from ncfcli.training.config import TrainConfig
+from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults, recipe_column
 from ncfcli.training.stream import rank_rows, window_buckets
 from ncfcli.ui import memory_size
 
