@@ -220,3 +220,31 @@ def test_the_mlperf_benchmarks_training_runs(prepared_dir: Path, tmp_path: Path)
                      r"\(300 users\)", out), out + res.stderr  # fmt: skip
     assert re.search(r"the same on ml-20m's shape: [\d,]+ samples/s", out)
     assert "target a rank's peak RSS <= 8 GiB" in out and "target samples/s >= 0.5x" in out
+
+
+def test_the_step_kernels_benchmark_counts_a_step(prepared_dir: Path) -> None:
+    """bench_step_kernels.py counts steps 2-3 of the default on the tiny set: kernels are the
+    operations less the views, FLOPs and bytes are the step's, and the GPU bound is the longer
+    of the host's launches and the card's work, the samples over it."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_step_kernels.py"), str(prepared_dir),
+         "--first", "2", "--last", "3", "--factors", "8", "--launch-us", "10", "--tflops", "1e-3",
+         "--tbs", "1"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = re.search(r"per step: ([\d,]+) samples, (\d+) aten operations, (\d+) of them kernels, "
+                    r"([\d.e+-]+) GFLOP, ([\d.e+-]+) GB written", res.stdout)  # fmt: skip
+    assert got is not None, res.stdout
+    samples, ops, kernels = (int(got.group(i).replace(",", "")) for i in (1, 2, 3))
+    gflop, gb = float(got.group(4)), float(got.group(5))
+    assert 0 < kernels < ops and gflop > 0 and gb > 0 and samples > 0
+    host_ms, card_ms = kernels * 10 / 1e3, max(gflop / 1e-3 * 1e3 / 1e3, 2 * gb)
+    line = re.search(
+        r"host ([\d.]+) ms .* card ([\d.]+) ms .*: (\w+) .*-bound, ([\d.]+)M", res.stdout
+    )
+    assert line is not None, res.stdout
+    assert float(line.group(1)) == pytest.approx(host_ms, abs=0.01)
+    assert float(line.group(2)) == pytest.approx(card_ms, rel=0.01)
+    step_s = max(host_ms, card_ms) / 1e3
+    assert float(line.group(4)) == pytest.approx(samples / step_s / 1e6, abs=0.1)
