@@ -273,19 +273,17 @@ def recipe_choice(
     if data.train_age is None:
         return replace(cfg, recipe=RECIPES[column]), None, f"{sized}, no time order"
     probed = _probe(data, env, backend, sharded)
-    found = probed is not None and probed.on
-    z = f"z {probed.z:.1f}" if probed is not None else "no validation split"
-    if found:
+    if probed is None:  # no validation split (or too few users) to probe
+        return replace(cfg, recipe=RECIPES[column]), None, f"{sized}; nothing to probe"
+    if probed.on:
+        first = RECIPES[AUTO_COLUMNS[0]]
         return (
-            replace(cfg, recipe=RECIPES[AUTO_COLUMNS[0]]),
+            replace(cfg, recipe=first),
             probed,
-            f"validation probe: {z}, time signal",
+            f"validation probe: z {probed.z:.1f}, time signal",
         )
-    return (
-        replace(cfg, recipe=RECIPES[column]),
-        probed,
-        f"{sized}; validation probe: {z}, no time signal",
-    )
+    note = f"{sized}; validation probe: z {probed.z:.1f}, no time signal"
+    return replace(cfg, recipe=RECIPES[column]), probed, note
 
 
 def _probe(
