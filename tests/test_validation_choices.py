@@ -215,3 +215,34 @@ def test_a_recipe_named_trains_its_column_and_the_run_says_how_it_was_chosen(
         and "--recipe must be one of auto, size, ml-100k, ml-1m, ml-20m" in res.output
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_tunes_first_trial_is_the_auto_recipes_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ncf tune`'s first trial is `ncf train`'s default: in the second column's size range
+    (the first column's bound lowered under the hand-made logs' size), the first column's MF
+    where the probe finds a time signal, the second column's NeuMF where it finds none."""
+    from ncfcli.data.store import read_meta
+    from ncfcli.training import defaults
+    from ncfcli.tuning.space import auto_time_signal, default_params
+
+    got = {}
+    for ordered in (True, False):
+        out = tmp_path / f"d{ordered}"
+        res = ncf("prepare", _chains(tmp_path / f"c{ordered}.csv", ordered), "--out", out,
+                  "--eval-negatives", 20, "--device", "cpu", "-q")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        meta = read_meta(out)
+        assert not auto_time_signal(str(out), meta)  # the first column by size: no probe needed
+        first, *rest = defaults.TIERS
+        monkeypatch.setattr(defaults, "TIERS", ((int(meta["n_train"]) - 1, *first[1:]), *rest))
+        signal = auto_time_signal(str(out), meta)
+        got[ordered] = (signal, default_params(("mf", "neumf"), meta, signal))
+        monkeypatch.undo()
+    assert got[True][0] and not got[False][0]
+    trained, untrained = got[True][1], got[False][1]
+    assert trained is not None and untrained is not None
+    assert trained["model"] == "mf" and trained["mf.neg_per_pos"] == 32
+    assert trained["mf.sequence_length"] == 20
+    assert untrained["model"] == "neumf" and untrained["neumf.neg_per_pos"] == 4

@@ -182,7 +182,9 @@ def requeue(study: Any, cfg: TuneConfig) -> None:
     settings, each trial that Ctrl-C or a killed process interrupted and no trial reruns yet."""
     trials = study.get_trials(deepcopy=False)
     if not trials:
-        first = space.default_params(cfg.models, read_meta(cfg.data_dir))
+        meta = read_meta(cfg.data_dir)
+        signal = space.auto_time_signal(cfg.data_dir, meta)
+        first = space.default_params(cfg.models, meta, signal)
         if first is not None:
             study.enqueue_trial(first, user_attrs={"default": True})
         return

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ncfcli.model import kinds
-from ncfcli.training.defaults import size_defaults
+from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults, size_column
 
 FACTORS = (16, 32, 64, 128, 256)
 LAYERS = {"small": (64, 32, 16), "medium": (128, 64, 32), "large": (256, 128, 64)}
@@ -68,6 +68,21 @@ def _ncf(trial: Any, kind: str, meta: dict[str, Any]) -> dict[str, Any]:
     return over
 
 
+def auto_time_signal(data_dir: str, meta: dict[str, Any]) -> bool:
+    """Whether `ncf train`'s `--recipe auto` would find a time signal that changes its column
+    for this dataset: only in the second column's size range, with a time order, is the
+    validation probe run (on the CPU, as `ncf train` runs it before its start)."""
+    if size_column(int(meta["n_train"])) != AUTO_COLUMNS[1] or not meta.get("train_age"):
+        return False
+    from ncfcli.backend import get_backend
+    from ncfcli.data.store import load_prepared
+    from ncfcli.training.recency import probe
+
+    backend = get_backend("cpu")
+    found = probe(load_prepared(data_dir, backend), backend.xp, seed=0)
+    return found is not None and found.on
+
+
 def plain(params: dict[str, Any]) -> dict[str, Any]:
     """A trial's parameters without the kind's prefix: {"model": "als", "als_reg": 30, ...}."""
     out = {k.split(".", 1)[-1]: v for k, v in params.items()}
@@ -76,11 +91,19 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def default_params(searched: tuple[str, ...], meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The size tier's defaults (`ncf train` with no flags) as this space's parameters, clamped
-    into its ranges: the first trial of a new study, so the search starts from the default and
-    never chooses worse on validation. None when the default's kind is not searched."""
-    d = size_defaults(int(meta["n_train"]), int(meta["n_users"]))
+def default_params(
+    searched: tuple[str, ...], meta: dict[str, Any], time_signal: bool = False
+) -> dict[str, Any] | None:
+    """`ncf train`'s defaults (no flags) as this space's parameters, clamped into its ranges:
+    the first trial of a new study, so the search starts from the default and never chooses
+    worse on validation. The column is `--recipe auto`'s: the size's, or the first where the
+    size is the second column's and the validation probe found a time signal (`time_signal`,
+    `auto_time_signal`). None when the default's kind is not searched."""
+    n_train = int(meta["n_train"])
+    column = size_column(n_train)
+    if time_signal and column == AUTO_COLUMNS[1]:
+        column = AUTO_COLUMNS[0]
+    d = column_defaults(column, n_train, int(meta["n_users"]))
     kind = d["model"]
     if kind not in searched or kind not in kinds.NCF:
         return None
