@@ -540,7 +540,9 @@ def _sampler(
     return sampler, local_batch
 
 
-CALIBRATION_USERS = 2048  # users whose score spreads set the sequence term's scale
+# Users whose score spreads set the sequence term's scale each epoch: 512 gave Beauty's and
+# ml-100k's validation figures of 2048 within 0.0004 HR@10, 5% faster (training-defaults.md).
+CALIBRATION_USERS = 512
 
 
 def sequence_inputs(
