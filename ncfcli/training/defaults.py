@@ -84,6 +84,19 @@ def recipe_column(recipe: str | None, n_train: int) -> int:
     return RECIPES.index(recipe) if recipe in RECIPES else size_column(n_train)
 
 
+def auto_probes(n_train: int, timed: bool) -> bool:
+    """Whether --recipe auto asks the validation probe for its column: in the second column's
+    size range, for training positives with a time order (`timed`)."""
+    return timed and size_column(n_train) == AUTO_COLUMNS[1]
+
+
+def auto_column(n_train: int, time_signal: bool) -> int:
+    """--recipe auto's column: the size's, or the first where the size is the second column's
+    and the validation probe found a time signal."""
+    column = size_column(n_train)
+    return AUTO_COLUMNS[0] if time_signal and column == AUTO_COLUMNS[1] else column
+
+
 def size_defaults(n_train: int, n_users: int | None = None) -> dict[str, Any]:
     """The tuned defaults for a dataset of `n_train` training positives (and `n_users` users:
     a sparse dataset in the first tier gets SPARSE on top)."""

@@ -50,7 +50,14 @@ from ncfcli.training.config import (
     resolve,
     tunables,
 )
-from ncfcli.training.defaults import AUTO_COLUMNS, ORDER_FACTORS_ON, RECIPES, size_column
+from ncfcli.training.defaults import (
+    AUTO_COLUMNS,
+    ORDER_FACTORS_ON,
+    RECIPES,
+    auto_column,
+    auto_probes,
+    size_column,
+)
 from ncfcli.training.device import set_precision, set_threads
 from ncfcli.training.optim import make_optimizer
 from ncfcli.training.refit import load_pretrained
@@ -233,13 +240,13 @@ def resolve_options(
         and saved is None
         and data.train_age is not None
     )
-    if (wanted or order_probe) and probed is None:
-        # The size default says "on": the validation split decides whether time says anything.
+    if (wanted or order_probe) and probed is None:  # not run for the column already
         probed = _probe(data, env, backend, sharded)
-        if wanted and (probed is None or not probed.on):
-            cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
-        if order_probe and probed is not None and probed.on:
-            cfg = replace(cfg, order_factors=ORDER_FACTORS_ON)
+    # The size default says "on": the validation split decides whether time says anything.
+    if wanted and (probed is None or not probed.on):
+        cfg = replace(cfg, **{n: TIME_DEFAULTS[n] for n in wanted})
+    if order_probe and probed is not None and probed.on:
+        cfg = replace(cfg, order_factors=ORDER_FACTORS_ON)
     for name, off in TIME_DEFAULTS.items():
         if getattr(cfg, name) and data.train_age is None:
             if given[name]:
@@ -266,24 +273,23 @@ def recipe_choice(
     choice, and a resumed run keeps its own: no note."""
     if saved is not None or cfg.recipe not in (None, "auto"):
         return cfg, None, ""
-    column = size_column(n_train)
     sized = f"{n_train:,} training positives"
-    if column != AUTO_COLUMNS[1]:  # the first column's size, or the last's
-        return replace(cfg, recipe=RECIPES[column]), None, sized
-    if data.train_age is None:
-        return replace(cfg, recipe=RECIPES[column]), None, f"{sized}, no time order"
+    if not auto_probes(n_train, data.train_age is not None):
+        untimed = size_column(n_train) == AUTO_COLUMNS[1]  # in the probe's range: no time order
+        note = f"{sized}, no time order" if untimed else sized
+        return replace(cfg, recipe=RECIPES[size_column(n_train)]), None, note
     probed = _probe(data, env, backend, sharded)
+    column = RECIPES[auto_column(n_train, probed is not None and probed.on)]
     if probed is None:  # no validation split (or too few users) to probe
-        return replace(cfg, recipe=RECIPES[column]), None, f"{sized}; nothing to probe"
+        return replace(cfg, recipe=column), None, f"{sized}; nothing to probe"
     if probed.on:
-        first = RECIPES[AUTO_COLUMNS[0]]
         return (
-            replace(cfg, recipe=first),
+            replace(cfg, recipe=column),
             probed,
             f"validation probe: z {probed.z:.1f}, time signal",
         )
     note = f"{sized}; validation probe: z {probed.z:.1f}, no time signal"
-    return replace(cfg, recipe=RECIPES[column]), probed, note
+    return replace(cfg, recipe=column), probed, note
 
 
 def _probe(

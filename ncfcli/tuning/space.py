@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ncfcli.model import kinds
-from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults, size_column
+from ncfcli.training.defaults import auto_column, auto_probes, column_defaults
 
 FACTORS = (16, 32, 64, 128, 256)
 LAYERS = {"small": (64, 32, 16), "medium": (128, 64, 32), "large": (256, 128, 64)}
@@ -72,7 +72,7 @@ def auto_time_signal(data_dir: str, meta: dict[str, Any]) -> bool:
     """Whether `ncf train`'s `--recipe auto` would find a time signal that changes its column
     for this dataset: only in the second column's size range, with a time order, is the
     validation probe run (on the CPU, as `ncf train` runs it before its start)."""
-    if size_column(int(meta["n_train"])) != AUTO_COLUMNS[1] or not meta.get("train_age"):
+    if not auto_probes(int(meta["n_train"]), bool(meta.get("train_age"))):
         return False
     from ncfcli.backend import get_backend
     from ncfcli.data.store import load_prepared
@@ -100,10 +100,7 @@ def default_params(
     size is the second column's and the validation probe found a time signal (`time_signal`,
     `auto_time_signal`). None when the default's kind is not searched."""
     n_train = int(meta["n_train"])
-    column = size_column(n_train)
-    if time_signal and column == AUTO_COLUMNS[1]:
-        column = AUTO_COLUMNS[0]
-    d = column_defaults(column, n_train, int(meta["n_users"]))
+    d = column_defaults(auto_column(n_train, time_signal), n_train, int(meta["n_users"]))
     kind = d["model"]
     if kind not in searched or kind not in kinds.NCF:
         return None
