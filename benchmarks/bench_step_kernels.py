@@ -85,6 +85,10 @@ def count_steps(data: str, flags: list[str], first: int, last: int) -> dict[str,
         got["samples"] += batch.n_samples
         return out
 
+    real_thread = loop.term_thread
+    # One thread: a dispatch mode sees its own thread's operations only, and a GPU step (which
+    # this estimates) runs serially.
+    loop.term_thread = lambda s: None  # type: ignore[assignment]
     loop.take_step = counted
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +99,7 @@ def count_steps(data: str, flags: list[str], first: int, last: int) -> dict[str,
                 if e.code:
                     raise
     finally:
-        loop.take_step = real
+        loop.take_step, loop.term_thread = real, real_thread
     n = min(last, got["step"]) - first + 1
     if n < 1:
         raise SystemExit(f"error: the run took {got['step']} steps, fewer than --first {first}")

@@ -262,6 +262,9 @@ def profile_one(
         return loss.detach()
 
     step.step_gradients = step_gradients  # type: ignore[assignment]
+    # Serial steps: the halves' timers would overlap where the term runs on a second thread
+    # (benchmarks/bench_term_step.py times the step as it runs).
+    loop.term_thread = lambda s: None  # type: ignore[assignment]
     # On the CPU: the timers read the host clock, which a GPU's queued kernels would not stop.
     sys.argv = ["ncf", "train", data, "--epochs", str(epochs), "--out", out, "--device", "cpu",
                 "-q", *ncf_args]  # fmt: skip

@@ -248,3 +248,37 @@ def test_the_step_kernels_benchmark_counts_a_step(prepared_dir: Path) -> None:
     assert float(line.group(2)) == pytest.approx(card_ms, rel=0.01)
     step_s = max(host_ms, card_ms) / 1e3
     assert float(line.group(4)) == pytest.approx(samples / step_s / 1e6, abs=0.1)
+
+
+def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
+    """bench_term_step.py times one batch's step as the run takes it, serially and without the
+    term; each ratio is its median over the step without the term's, and the verdict is the
+    first one's against --target. A run without the term is one error line."""
+    bench = [sys.executable, str(REPO / "benchmarks" / "bench_term_step.py")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run(
+        [*bench, str(eras), "--at", "3", "--steps", "2", "--rounds", "2", "--target", "100",
+         "--sequence-length", "5", "--factors", "8"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    medians, ratios = {}, {}
+    for way in ("step", "serial", "without term"):
+        got = re.search(rf"^{way} +median ([\d.]+) ms \(min [\d.]+, max [\d.]+, N=2\)  "
+                        r"([\d.]+)x the step without the term$", res.stdout, re.M)  # fmt: skip
+        assert got is not None, res.stdout
+        medians[way], ratios[way] = float(got.group(1)), float(got.group(2))
+    assert ratios["without term"] == 1.0
+    for way in ("step", "serial"):
+        want = medians[way] / medians["without term"]
+        assert ratios[way] == pytest.approx(want, abs=0.01 + 0.01 * want)
+    assert re.search(r"on a second thread: (yes|no)", res.stdout)
+    assert f"a step with the term: {ratios['step']:.2f}x one without; target 100x: met" in (
+        res.stdout
+    )
+    none = subprocess.run([*bench, str(eras), "--at", "2", "--sequence-length", "0"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert none.returncode != 0
+    assert none.stderr.strip().splitlines()[-1] == (
+        "error: the run has no sequence term: pass --sequence-length N"
+    )

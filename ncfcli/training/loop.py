@@ -9,7 +9,8 @@ checkpoint; after the last, the test set once, from the chosen epoch's weights
 process group.
 
 The next epoch's samples are built on a second thread while the current one trains (on a GPU,
-on a CUDA stream of its own). A first Ctrl-C stops after the current step and saves it in
+on a CUDA stream of its own); on a CPU with a core free, a step's sequence term runs on a
+third beside the kind (step.py `term_thread`). A first Ctrl-C stops after the current step and saves it in
 last.pt (`--resume` continues it from there); the loss is read a few times an epoch, and a
 non-finite one stops the run.
 
@@ -19,6 +20,7 @@ every optimizer step and stop if they differ.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shlex
@@ -58,7 +60,7 @@ from ncfcli.training.run import (
 from ncfcli.training.session import Session
 from ncfcli.training.shard import load as load_shard
 from ncfcli.training.start import start
-from ncfcli.training.step import Interrupt, build_epoch, read_sums, take_step
+from ncfcli.training.step import Interrupt, build_epoch, read_sums, take_step, term_thread
 
 LOSS_READS_PER_EPOCH = 8  # host syncs per epoch to show the loss and catch NaN early
 
@@ -147,12 +149,14 @@ def run_training(
     totals = _Totals()
     s.ddp.train()
     builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
+    s.term_thread = term_thread(s)  # the sequence term's half of each step (step.py)
     upcoming: Future[Any] | None = None
     with (
         removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
         Interrupt() as interrupt,
         progress if progress is not None else _NullProgress() as bar,
         builder,
+        s.term_thread or contextlib.nullcontext(),
         run_log,
     ):
         for epoch in range(s.done + 1, cfg.epochs + 1):

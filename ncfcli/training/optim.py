@@ -81,10 +81,16 @@ class CpuAdam:
 
     @torch.no_grad()
     def step(self) -> None:
-        for g in self.param_groups:
-            live = [k for k in g["index"] if self.params[k].grad is not None]
-            if not live:
-                continue
+        for i in range(len(self.param_groups)):
+            self.step_group(i)
+
+    @torch.no_grad()
+    def step_group(self, i: int) -> None:
+        """Adam's update of param group i alone (`step` runs every group so): the sequence
+        term's group steps on the thread that computed its gradients (training/step.py)."""
+        g = self.param_groups[i]
+        live = [k for k in g["index"] if self.params[k].grad is not None]
+        if live:
             steps = [self.steps[k] for k in live]
             torch._foreach_add_(steps, 1.0)
             torch._fused_adam_(
@@ -328,6 +334,13 @@ def slice_loss(stepper: Stepper, rows: Batch, n: int) -> torch.Tensor:
     return loss
 
 
+def slice_rows(stepper: Stepper, batch: Batch) -> int:
+    """The rows of each --micro-batch slice of the batch (all of them: one slice)."""
+    per_row = 1 + batch.neg_per_pos if batch.negatives is not None else 1  # samples a row is
+    n_rows = int(batch.users.shape[0])
+    return min(n_rows, max(1, (stepper.micro_batch or batch.n_samples) // per_row))
+
+
 def step_gradients(
     stepper: Stepper,
     batch: Batch,
@@ -341,8 +354,7 @@ def step_gradients(
     last slice. Returns the batch's pointwise loss, detached."""
     model, scaler, amp_ctx = stepper.model, stepper.scaler, stepper.amp_ctx
     n, n_rows = batch.n_samples, int(batch.users.shape[0])
-    per_row = 1 + batch.neg_per_pos if batch.negatives is not None else 1  # samples a row is
-    size = min(n_rows, max(1, (stepper.micro_batch or n) // per_row))
+    size = slice_rows(stepper, batch)
     if size == n_rows:  # one slice: the plain step, with no slicing or accumulation to pay for
         with amp_ctx():
             loss = slice_loss(stepper, batch, n)

@@ -1,0 +1,114 @@
+"""A training step with the sequence term against one without it (issue 34: at most 1.5x):
+`python benchmarks/bench_term_step.py DATA_DIR [ncf train flags]`.
+
+Runs `ncf train DATA_DIR --device cpu FLAGS` in this process up to step --at of its first
+epoch, then times that step's batch three ways, --steps steps each, in --rounds alternating
+rounds (the machine's drift falls on all three alike):
+
+    step            the step as `ncf train` takes it: on a CPU with a core free, the term's
+                    half (loss, gradients, its Adam group) on a second thread beside the kind's
+                    (ncfcli/training/step.py)
+    serial          the same step on one thread
+    without term    the kind's loss, gradients and Adam alone: the step of the same model
+                    without the sequence term
+
+and prints the milliseconds a step (median, min, max over the rounds) and the ratios to the
+step without the term. The run needs the term (the default turns it on where the validation
+probe finds a time signal; else pass --sequence-length). Exits 1 where `step` costs more than
+--target times `without term`.
+
+    python benchmarks/bench_term_step.py ~/.cache/ncf/ml-100k
+    python benchmarks/bench_term_step.py DATA --steps 20 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import MISSED, machine, spread
+
+
+def time_steps(data: str, flags: list[str], at: int, steps: int, rounds: int) -> dict[str, list]:
+    """Train up to step `at`, then time its batch `rounds` x each way: {way: [ms a step]}."""
+    import ncfcli.training.loop as loop
+    from ncfcli.cli.app import app
+    from ncfcli.training import step as step_module
+
+    real = loop.take_step
+    got: dict[str, list[float]] = {"step": [], "serial": [], "without term": []}
+    seen = {"n": 0, "overlapped": False}
+
+    class Done(Exception):
+        pass
+
+    def timed(s: Any, stepper: Any, batch: Any, where: Any, base: int) -> Any:
+        seen["n"] += 1
+        if seen["n"] < at:
+            return real(s, stepper, batch, where, base)
+        if s.sequences is None:
+            raise SystemExit("error: the run has no sequence term: pass --sequence-length N")
+        pool, sequences = s.term_thread, s.sequences
+        seen["overlapped"] = pool is not None
+        ways = {
+            "step": (pool, sequences),
+            "serial": (None, sequences),
+            "without term": (None, None),
+        }
+        for _ in range(rounds):
+            for way, (thread, seqs) in ways.items():
+                s.term_thread, s.sequences = thread, seqs
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    real(s, stepper, batch, where, base)
+                got[way].append((time.perf_counter() - t0) / steps * 1e3)
+        s.term_thread, s.sequences = pool, sequences
+        raise Done
+
+    loop.take_step = timed
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            args = ["train", data, "--out", str(Path(tmp) / "run"), "--device", "cpu", "-q"]
+            try:
+                app([*args, *flags], standalone_mode=False)
+            except Done:
+                pass
+    finally:
+        loop.take_step = real
+    if not got["step"]:
+        raise SystemExit(f"error: the run took {seen['n']} steps, fewer than --at {at}")
+    print(f"the step's term on a second thread: {'yes' if seen['overlapped'] else 'no'} "
+          f"({step_module.__name__}.term_thread)")  # fmt: skip
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data", help="a prepared dataset")
+    ap.add_argument("--at", type=int, default=20, help="the step (1-based) whose batch is timed")
+    ap.add_argument("--steps", type=int, default=30, help="steps timed each way, each round")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds")
+    ap.add_argument("--target", type=float, default=1.5, help="most a step may cost over one "
+                    "without the term")  # fmt: skip
+    args, flags = ap.parse_known_args()
+    print(f"{machine()}; ncf train {args.data} {' '.join(flags)}; step {args.at}'s batch, "
+          f"{args.steps} steps x {args.rounds} rounds")  # fmt: skip
+    got = time_steps(args.data, flags, args.at, args.steps, args.rounds)
+    base = statistics.median(got["without term"])
+    for way, values in got.items():
+        ratio = statistics.median(values) / base
+        print(f"{way:14s} {spread(values, unit='ms')}  {ratio:.2f}x the step without the term")
+    ratio = statistics.median(got["step"]) / base
+    ok = ratio <= args.target
+    print(f"a step with the term: {ratio:.2f}x one without; target {args.target:g}x: "
+          f"{'met' if ok else 'MISSED'}; at the end: {machine()}")  # fmt: skip
+    if not ok:
+        raise SystemExit(MISSED)
+
+
+if __name__ == "__main__":
+    main()
