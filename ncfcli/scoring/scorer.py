@@ -10,10 +10,12 @@ the items before the held-out one, or "next", everything the data holds.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -124,3 +126,50 @@ def scoring_threads(device: torch.device | str) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+T = TypeVar("T")
+
+
+def chunk_workers(device: torch.device | str) -> int:
+    """Threads that score chunks of users side by side (`map_chunks`): on a CPU whose scoring
+    runs one intra-op thread while a second core is there (a 2-core machine), two; else one
+    (a GPU, intra-op threads on every core already, or OMP_NUM_THREADS set by the user)."""
+    if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(2, cores or 1) if scoring_thread_count(device) == 1 else 1
+
+
+def chunk_starts(n: int, chunk: int, workers: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges cutting n rows into chunks of at most `chunk` rows, their count a
+    multiple of `workers` (where n has as many rows) and their sizes within one of each other:
+    each worker gets the same share."""
+    parts = min(n, math.ceil(math.ceil(n / max(1, chunk)) / workers) * workers)
+    bounds = [i * n // parts for i in range(parts + 1)] if parts > 0 else []
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def map_chunks(
+    fn: Callable[[int, int], T], n: int, chunk: int, device: torch.device | str, threaded: int
+) -> list[T]:
+    """[fn(lo, hi) for each chunk of n rows] in order, on `chunk_workers(device)` threads: the
+    rows' results do not depend on how the rows are cut (each user is scored on its own row).
+    A chunk has at most `chunk` rows, and with several workers at most `threaded` and `chunk`
+    / workers (the workers hold no more at once than one chunk would). The workers run one
+    intra-op thread each (a new thread's OpenMP team is every core's), and under the caller's
+    grad mode (it is per thread: scoring runs under no_grad)."""
+    workers = chunk_workers(device)
+    if workers > 1:
+        chunk = max(1, min(chunk // workers, threaded))
+    ranges = chunk_starts(n, chunk, workers)
+    if workers == 1 or len(ranges) == 1:
+        return [fn(lo, hi) for lo, hi in ranges]
+    grad = torch.is_grad_enabled()
+
+    def run(bounds: tuple[int, int]) -> T:
+        with torch.set_grad_enabled(grad):
+            return fn(*bounds)
+
+    with ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(run, ranges))
