@@ -23,10 +23,23 @@ from tests.test_train import ncf
 FLAGS = ["--sequence-length", "6", "--seed", "2"]
 
 
-def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count the overlapped steps, with two cores assumed (a one-core machine runs serially)."""
+@pytest.fixture
+def two_cores(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh 2-core process: two cores (a one-core machine runs serially), torch's thread
+    count at 2 and no OMP_NUM_THREADS (an earlier test of the same worker may have left
+    either: training sets one thread on a small batch, one fewer than it finds on a large
+    one, and nothing where OMP_NUM_THREADS is set: device.set_threads)."""
     monkeypatch.setattr(step, "cpu_count", lambda: 2)
-    calls = {"n": 0}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # else training keeps torch's count
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the overlapped steps, and record what `term_thread` decided on."""
+    calls: dict[str, Any] = {"n": 0}
     real = step._overlapped
 
     def counted(*args: Any) -> Any:
@@ -34,6 +47,15 @@ def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return real(*args)
 
     monkeypatch.setattr(step, "_overlapped", counted)
+    real_thread = loop.term_thread
+
+    def recorded(s: Any) -> Any:  # what decided, for the assertion's message
+        pool = real_thread(s)
+        calls["why"] = (s.sequences is not None, s.backend.is_cuda, s.env.enabled,  # type: ignore[assignment]
+                        s.scaler.is_enabled(), s.cfg.dropout, torch.get_num_threads(), pool)  # fmt: skip
+        return pool
+
+    monkeypatch.setattr(loop, "term_thread", recorded)
     return calls
 
 
@@ -43,11 +65,11 @@ def _state(run: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("extra", [[], ["--amp"]], ids=["fp32", "amp"])
 def test_the_overlapped_step_trains_the_serial_steps_weights(
-    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_cores: None, extra: list[str]
 ) -> None:
     calls = _overlap_counted(monkeypatch)
     overlapped = train(eras, tmp_path / "overlapped", *FLAGS, *extra)
-    assert calls["n"] > 0  # the run took the overlapped path
+    assert calls["n"] > 0, calls  # the run took the overlapped path
     monkeypatch.setattr(loop, "term_thread", lambda s: None)
     n = calls["n"]
     serial = train(eras, tmp_path / "serial", *FLAGS, *extra)
@@ -65,7 +87,7 @@ def test_the_overlapped_step_trains_the_serial_steps_weights(
 
 
 def test_an_error_in_the_terms_half_stops_the_run(
-    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_cores: None
 ) -> None:
     """The loop's thread waits for the term's half and raises what it raised: no step goes on
     without the term's gradients."""
@@ -81,7 +103,7 @@ def test_an_error_in_the_terms_half_stops_the_run(
     assert res.exit_code != 0
     assert isinstance(res.exception, RuntimeError), res.output
     assert "planted failure" in str(res.exception)
-    assert calls["n"] == 1
+    assert calls["n"] == 1, calls
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
