@@ -144,6 +144,7 @@ def test_runs_whose_halves_are_not_independent_stay_serial(
     monkeypatch: pytest.MonkeyPatch, one_thread: None, changes: dict[str, Any], why: str
 ) -> None:
     monkeypatch.setattr(step, "cpu_count", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     pool = step.term_thread(_session())
     assert pool is not None
     # The thread sets its own intra-op count: a new thread's OpenMP team would be every core's
@@ -156,6 +157,10 @@ def test_runs_whose_halves_are_not_independent_stay_serial(
 def test_no_free_core_or_several_intra_op_threads_stay_serial(
     monkeypatch: pytest.MonkeyPatch, one_thread: None
 ) -> None:
+    monkeypatch.setattr(step, "cpu_count", lambda: 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's own limit: one thread a process
+    assert step.term_thread(_session()) is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(step, "cpu_count", lambda: 1)
     assert step.term_thread(_session()) is None
     monkeypatch.setattr(step, "cpu_count", lambda: 16)

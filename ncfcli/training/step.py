@@ -10,6 +10,7 @@ random numbers, so the step is the serial one's, bit for bit, in about the longe
 
 from __future__ import annotations
 
+import os
 import signal
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
@@ -62,13 +63,15 @@ def take_step(
 def term_thread(s: Session) -> ThreadPoolExecutor | None:
     """The thread for the sequence term's half of each step, where it gets a core of its own
     and the halves are independent: a run on the CPU in one process, training on one intra-op
-    thread (device.set_threads) with two cores or more, no fp16 loss scaling (one scaler for
-    both halves), and no dropout in the kind (the term's draws then are the generator's alone,
+    thread (device.set_threads) with two cores or more and no OMP_NUM_THREADS set, no fp16 loss
+    scaling (one scaler for both halves), and no dropout in the kind (the term's draws then are the generator's alone,
     as in the serial step). None: the steps run serially, as on a GPU, whose kernels are
     asynchronous already."""
     if s.sequences is None or s.backend.is_cuda or s.env.enabled or s.scaler.is_enabled():
         return None
     if s.cfg.dropout or torch.get_num_threads() != 1 or cpu_count() < 2:
+        return None
+    if os.environ.get("OMP_NUM_THREADS"):  # the user's own limit, as set_threads and scoring keep
         return None
     # One intra-op thread there too: a thread starts with OpenMP's default team (every core),
     # not the count torch.set_num_threads gave the loop's thread, and its matrix products
