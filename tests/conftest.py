@@ -48,16 +48,6 @@ def eras(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _eras(tmp_path_factory.mktemp("eras"), False)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Each pytest-xdist worker of a parallel run is one process of one thread (OMP_NUM_THREADS=1
-    unless set): the workers share the cores already, so ncf's second threads (the term's half
-    of a step, two scoring threads: on where a process has a core to spare) would only contend.
-    The tests of those threads set their own environment (tests/test_term_overlap.py,
-    tests/test_chunk_workers.py)."""
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
 MAX_WORKERS = 8  # `-n auto` beyond this buys little: most slow tests are a few subprocesses
 
 
