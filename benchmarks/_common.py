@@ -16,7 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +55,40 @@ def ncf_json(*args: str, env: dict[str, str] | None = None) -> dict:
         last = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[-1]
         sys.exit(f"error: ncf {' '.join(args)} failed: {last}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+class StopTraining(Exception):
+    """Raised by a `train_in_process` step to end the run there (what it measured is kept)."""
+
+
+def train_in_process(
+    data: str, flags: Sequence[str], take_step: Callable[..., object], serial: bool = False
+) -> None:
+    """`ncf train DATA --device cpu -q FLAGS` in this process, into a temporary --out removed
+    after, each step taken by `take_step` (ncfcli.training.loop.take_step's signature; it gets
+    the real one as `real`, and may raise StopTraining). `serial`: every step on the loop's
+    thread (the term's half too, as on a GPU: training/step.py `term_thread`)."""
+    import tempfile
+
+    import ncfcli.training.loop as loop
+    from ncfcli.cli.app import app
+
+    real_step, real_thread = loop.take_step, loop.term_thread
+    loop.take_step = lambda *args: take_step(*args, real=real_step)  # type: ignore[assignment]
+    if serial:
+        loop.term_thread = lambda s: None  # type: ignore[assignment]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            args = ["train", data, "--out", str(Path(tmp) / "run"), "--device", "cpu", "-q"]
+            try:
+                app([*args, *flags], standalone_mode=False)
+            except StopTraining:
+                pass
+            except SystemExit as e:
+                if e.code:
+                    raise
+    finally:
+        loop.take_step, loop.term_thread = real_step, real_thread
 
 
 def trained_settings(run: Path) -> dict:

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from _common import machine  # noqa: F401  (puts this checkout first on sys.path)
+from _common import train_in_process
 
 # Operations that launch no kernel on a GPU: views, metadata, empty allocations.
 NO_KERNEL = {
@@ -46,9 +44,6 @@ def count_steps(data: str, flags: list[str], first: int, last: int) -> dict[str,
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import FlopCounterMode
-
-    import ncfcli.training.loop as loop
-    from ncfcli.cli.app import app
 
     class Ops(TorchDispatchMode):
         def __init__(self) -> None:
@@ -68,11 +63,10 @@ def count_steps(data: str, flags: list[str], first: int, last: int) -> dict[str,
                         self.written += t.numel() * t.element_size()
             return out
 
-    real = loop.take_step
     got: dict[str, Any] = {"step": 0, "ops": collections.Counter(), "flops": 0, "bytes": 0}
     got["samples"] = 0
 
-    def counted(s: Any, stepper: Any, batch: Any, at: Any, base: int) -> Any:
+    def counted(s: Any, stepper: Any, batch: Any, at: Any, base: int, real: Any) -> Any:
         got["step"] += 1
         if not first <= got["step"] <= last:
             return real(s, stepper, batch, at, base)
@@ -85,21 +79,9 @@ def count_steps(data: str, flags: list[str], first: int, last: int) -> dict[str,
         got["samples"] += batch.n_samples
         return out
 
-    real_thread = loop.term_thread
-    # One thread: a dispatch mode sees its own thread's operations only, and a GPU step (which
+    # Serial: a dispatch mode sees its own thread's operations only, and a GPU step (which
     # this estimates) runs serially.
-    loop.term_thread = lambda s: None  # type: ignore[assignment]
-    loop.take_step = counted
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            args = ["train", data, "--out", str(Path(tmp) / "run"), "--device", "cpu", "-q"]
-            try:
-                app([*args, *flags], standalone_mode=False)
-            except SystemExit as e:
-                if e.code:
-                    raise
-    finally:
-        loop.take_step, loop.term_thread = real, real_thread
+    train_in_process(data, flags, counted, serial=True)
     n = min(last, got["step"]) - first + 1
     if n < 1:
         raise SystemExit(f"error: the run took {got['step']} steps, fewer than --first {first}")

@@ -25,28 +25,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import MISSED, machine, spread
+from _common import MISSED, StopTraining, machine, spread, train_in_process
 
 
 def time_steps(data: str, flags: list[str], at: int, steps: int, rounds: int) -> dict[str, list]:
     """Train up to step `at`, then time its batch `rounds` x each way: {way: [ms a step]}."""
-    import ncfcli.training.loop as loop
-    from ncfcli.cli.app import app
-    from ncfcli.training import step as step_module
-
-    real = loop.take_step
     got: dict[str, list[float]] = {"step": [], "serial": [], "without term": []}
     seen = {"n": 0, "overlapped": False}
 
-    class Done(Exception):
-        pass
-
-    def timed(s: Any, stepper: Any, batch: Any, where: Any, base: int) -> Any:
+    def timed(s: Any, stepper: Any, batch: Any, where: Any, base: int, real: Any) -> Any:
         seen["n"] += 1
         if seen["n"] < at:
             return real(s, stepper, batch, where, base)
@@ -67,22 +57,13 @@ def time_steps(data: str, flags: list[str], at: int, steps: int, rounds: int) ->
                     real(s, stepper, batch, where, base)
                 got[way].append((time.perf_counter() - t0) / steps * 1e3)
         s.term_thread, s.sequences = pool, sequences
-        raise Done
+        raise StopTraining
 
-    loop.take_step = timed
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            args = ["train", data, "--out", str(Path(tmp) / "run"), "--device", "cpu", "-q"]
-            try:
-                app([*args, *flags], standalone_mode=False)
-            except Done:
-                pass
-    finally:
-        loop.take_step = real
+    train_in_process(data, flags, timed)
     if not got["step"]:
         raise SystemExit(f"error: the run took {seen['n']} steps, fewer than --at {at}")
     print(f"the step's term on a second thread: {'yes' if seen['overlapped'] else 'no'} "
-          f"({step_module.__name__}.term_thread)")  # fmt: skip
+          "(ncfcli.training.step.term_thread)")  # fmt: skip
     return got
 
 

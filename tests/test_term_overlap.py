@@ -37,7 +37,7 @@ def two_cores(monkeypatch: pytest.MonkeyPatch) -> Any:
     torch.set_num_threads(before)
 
 
-def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Count the overlapped steps, and record what `term_thread` decided on."""
     calls: dict[str, Any] = {"n": 0}
     real = step._overlapped
@@ -51,7 +51,7 @@ def _overlap_counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     def recorded(s: Any) -> Any:  # what decided, for the assertion's message
         pool = real_thread(s)
-        calls["why"] = (s.sequences is not None, s.backend.is_cuda, s.env.enabled,  # type: ignore[assignment]
+        calls["why"] = (s.sequences is not None, s.backend.is_cuda, s.env.enabled,
                         s.scaler.is_enabled(), s.cfg.dropout, torch.get_num_threads(), pool)  # fmt: skip
         return pool
 
@@ -149,7 +149,8 @@ def test_runs_whose_halves_are_not_independent_stay_serial(
     assert pool is not None
     # The thread sets its own intra-op count: a new thread's OpenMP team would be every core's
     # (its matrix products on 2 threads, spinning against the loop's: 1.6x the CPU time).
-    assert (pool._initializer, pool._initargs) == (torch.set_num_threads, (1,))  # type: ignore[attr-defined]
+    started = (pool._initializer, pool._initargs)  # type: ignore[attr-defined]
+    assert started == (torch.set_num_threads, (1,))
     pool.shutdown()
     assert step.term_thread(_session(**changes)) is None, why
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from ncfcli.heap import keep_heap
+from ncfcli.launch.plan import cpu_count
 
 
 def context_window(source: Any) -> int | None:
@@ -105,8 +106,7 @@ def scoring_thread_count(device: torch.device | str) -> int:
     now = torch.get_num_threads()
     if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return now
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(now, (cores or 1) - 1))
+    return max(1, min(now, cpu_count() - 1))
 
 
 @contextmanager
@@ -137,8 +137,7 @@ def chunk_workers(device: torch.device | str) -> int:
     (a GPU, intra-op threads on every core already, or OMP_NUM_THREADS set by the user)."""
     if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return 1
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(2, cores or 1) if scoring_thread_count(device) == 1 else 1
+    return min(2, cpu_count()) if scoring_thread_count(device) == 1 else 1
 
 
 def chunk_starts(n: int, chunk: int, workers: int) -> list[tuple[int, int]]:

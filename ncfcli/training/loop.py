@@ -10,9 +10,9 @@ process group.
 
 The next epoch's samples are built on a second thread while the current one trains (on a GPU,
 on a CUDA stream of its own); on a CPU with a core free, a step's sequence term runs on a
-third beside the kind (step.py `term_thread`). A first Ctrl-C stops after the current step and saves it in
-last.pt (`--resume` continues it from there); the loss is read a few times an epoch, and a
-non-finite one stops the run.
+third beside the kind (step.py `term_thread`). A first Ctrl-C stops after the current step
+and saves it in last.pt (`--resume` continues it from there); the loss is read a few times an
+epoch, and a non-finite one stops the run.
 
 Test-only switch: NCF_CHECK_SYNC=1 makes every rank compare a checksum of all parameters after
 every optimizer step and stop if they differ.

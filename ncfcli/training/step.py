@@ -51,9 +51,9 @@ def take_step(
         g["lr"] = lr * g.get("lr_scale", 1.0)
     s.optimizer.zero_grad(set_to_none=True)
     seqs = s.sequences.step(epoch, step, n_steps) if s.sequences is not None else None
-    whole = slice_rows(stepper, batch) == len(batch.users)  # no --micro-batch slicing
-    if seqs is not None and s.term_thread is not None and whole:
-        return _overlapped(s, s.term_thread, stepper, batch, seqs), lr
+    if seqs is not None and s.term_thread is not None:
+        if slice_rows(stepper, batch) == len(batch.users):  # one slice: no --micro-batch cut
+            return _overlapped(s, s.term_thread, stepper, batch, seqs), lr
     loss = step_gradients(stepper, batch, seqs)
     s.scaler.step(s.optimizer)
     s.scaler.update()
@@ -63,10 +63,10 @@ def take_step(
 def term_thread(s: Session) -> ThreadPoolExecutor | None:
     """The thread for the sequence term's half of each step, where it gets a core of its own
     and the halves are independent: a run on the CPU in one process, training on one intra-op
-    thread (device.set_threads) with two cores or more and no OMP_NUM_THREADS set, no fp16 loss
-    scaling (one scaler for both halves), and no dropout in the kind (the term's draws then are the generator's alone,
-    as in the serial step). None: the steps run serially, as on a GPU, whose kernels are
-    asynchronous already."""
+    thread (device.set_threads) with two cores or more and no OMP_NUM_THREADS set, no fp16
+    loss scaling (one scaler for both halves), and no dropout in the kind (the term's draws
+    then are the generator's alone, as in the serial step). None: the steps run serially, as
+    on a GPU, whose kernels are asynchronous already."""
     if s.sequences is None or s.backend.is_cuda or s.env.enabled or s.scaler.is_enabled():
         return None
     if s.cfg.dropout or torch.get_num_threads() != 1 or cpu_count() < 2:
