@@ -160,6 +160,7 @@ CHANGED_ON_RESUME: dict[str, list[Any]] = {
     "pretrained_mlp": ["--pretrained-mlp", RUN],
     "refit": ["--refit", RUN],
     "select_metric": ["--select-metric", "full-ndcg@10"],
+    "select_slack": ["--select-slack", "0.01"],
     "sparse_tables": ["--sparse-tables", "on"],
 }
 

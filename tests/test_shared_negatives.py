@@ -212,24 +212,32 @@ def test_train_uses_them_by_default_and_turns_them_off_or_refuses(
 def test_patience_stops_after_that_many_epochs_without_a_better_validation(
     eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Validation improves at epochs 1 and 2 only (evaluation.improves, stubbed): --patience 2
-    stops after epoch 4 with epoch 2 chosen; --eval-every 2 counts scored epochs."""
+    """Validation improves at its first two scorings only (evaluation.evaluate_split, stubbed):
+    --patience 2 stops after epoch 4 with epoch 2 chosen; --eval-every 2 counts scored
+    epochs."""
     from ncfcli.training import validation
 
-    def improves(best: Any, select: str, got: Any, metric: str) -> bool:
-        return best is None or int(best["epoch"]) < 2
+    scored: list[int] = []
 
-    monkeypatch.setattr(validation, "improves", improves)
+    def evaluate(model: Any, eval_set: Any, env: Any, max_rows: int, full: Any = None) -> Any:
+        scored.append(1)
+        hr = {1: 0.3, 2: 0.5}.get(len(scored), 0.1)  # test is read once, after the last
+        return {"hr@10": hr, "ndcg@10": hr / 2}
+
+    monkeypatch.setattr(validation, "evaluate_split", evaluate)
     run = tmp_path / "p"
     args = ["--out", run, "--device", "cpu", "-q", "--json", "--sequence-length", "0"]
     r = ncf("train", eras, *args, "--epochs", "9", "--patience", "2")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output.strip().splitlines()[-1])
     assert (out["epochs"], out["best_epoch"], out["stopped_by"]) == (4, 2, "--patience")
+    scored.clear()
     r = ncf("train", eras, *args, "--epochs", "9", "--patience", "2", "--eval-every", "2",
             "--overwrite")  # fmt: skip
     out = json.loads(r.output.strip().splitlines()[-1])
-    assert (out["epochs"], out["best_epoch"], out["stopped_by"]) == (6, 2, "--patience")
+    # scored at 2, 4, 6, 8: the best at 4, then two scored epochs (4 epochs) without a better
+    assert (out["epochs"], out["best_epoch"], out["stopped_by"]) == (8, 4, "--patience")
+    scored.clear()
     r = ncf("train", eras, *args, "--epochs", "5", "--patience", "0", "--overwrite")
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["epochs"] == 5 and "stopped_by" not in out

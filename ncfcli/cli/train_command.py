@@ -174,7 +174,7 @@ def _summary_rows(result: TrainResult) -> list[tuple[str, Any]]:
     rows: list[tuple[str, Any]] = [
         ("run", result.run_dir),
         ("epochs", f"{result.epochs} ({result.trained_epochs} this call" + stopped),
-        ("best epoch", _chosen_row(result.best_epoch, result.selected_by, result.select_metric)),
+        ("best epoch", _chosen_row(result)),
         ("split", result.dataset_split),
     ]
     if result.recipe:
@@ -203,12 +203,17 @@ def _summary_rows(result: TrainResult) -> list[tuple[str, Any]]:
     return rows
 
 
-def _chosen_row(epoch: int, selected_by: str, metric: str = "hr@10") -> str:
+def _chosen_row(result: TrainResult) -> str:
     """The summary's "best epoch" value: the epoch and what chose it."""
+    epoch, selected_by, metric = result.best_epoch, result.selected_by, result.select_metric
     if selected_by == "last":
         return f"{epoch} (the last: a --refit, its epoch count chosen on validation)"
     why = "" if selected_by == "validation" else ": dataset has no validation split"
     by = "" if metric == "hr@10" else f" {metric}"
+    if result.best_figure_epoch:  # --select-slack
+        slack = "1 s.e." if result.select_slack == "se" else result.select_slack
+        top = result.best_figure_epoch
+        return f"{epoch} ({selected_by}{by}: latest within {slack} of epoch {top}'s)"
     return f"{epoch} (chosen on {selected_by}{by}{why})"
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ncfcli.errors import NcfError
+
 NCF = ("neumf", "gmf", "mlp", "mf")
 BASELINES = ("pop", "itemknn", "ease", "als")
 ALL = NCF + BASELINES
@@ -31,3 +33,16 @@ def layers_problem(layers: Sequence[int]) -> str | None:
     if layers[0] % 2:
         return f"--layers: the first size must be even, got {layers[0]}"
     return None
+
+
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """'256 256 128 64' or '256,256,128,64' -> (256, 256, 128, 64)."""
+    if text is None:
+        return None
+    words = text.replace(",", " ").split()
+    try:
+        return tuple(int(w) for w in words)
+    except ValueError:
+        raise NcfError(
+            f"--layers takes whole numbers like 256 256 128 64, got {text!r}", 2
+        ) from None

@@ -16,7 +16,7 @@ from ncfcli.data.sources import RUNS_DIR, cache_dir
 from ncfcli.data.store import check_dataset, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.rundir.files import CONFIG, EVAL_JSON, METRICS_JSONL
-from ncfcli.scoring.selection import PARTNER, selection_key
+from ncfcli.scoring.selection import PARTNER, chosen_record, selection_key
 from ncfcli.ui import summary_table
 
 DATASET, RUN = "dataset", "run"
@@ -146,13 +146,17 @@ def _chosen(row: dict[str, Any]) -> dict[str, Any]:
 def run_report(folder: Path) -> dict[str, Any]:
     config = _read_json(folder / CONFIG)
     history = _history(folder)
-    # As train/evaluation.py picks: validation by the run's --select-metric (test without a
-    # validation split); the first epoch wins a tie. A --refit run's model is its last epoch
-    # (test chose nothing).
-    refit = bool(config.get("dataset", {}).get("merged_validation"))
-    metric = str(config.get("train", {}).get("select_metric") or "hr@10")
+    # As training chose (scoring/selection.py): validation by the run's --select-metric and
+    # --select-slack (test without a validation split); the first epoch wins a tie. A --refit
+    # run's model is its last epoch (test chose nothing).
+    dataset, train = config.get("dataset", {}), config.get("train", {})
+    refit = bool(dataset.get("merged_validation"))
+    metric = str(train.get("select_metric") or "hr@10")
     if refit:
         best = history[-1] if history else None
+    elif any(h.get("validation") for h in history) and train.get("select_slack"):
+        users = int(dataset.get("chooser_users") or 0)
+        best = chosen_record(history, "validation", metric, train["select_slack"], users)
     else:
         best = max(history, key=lambda h: selection_key(_chosen(h), metric), default=None)
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
@@ -160,7 +164,6 @@ def run_report(folder: Path) -> dict[str, Any]:
     evals: list[dict[str, Any]] = []
     if (folder / EVAL_JSON).is_file():
         evals = list(_read_json(folder / EVAL_JSON).get("results") or [])
-    dataset = config.get("dataset", {})
     return {
         "kind": RUN,
         "path": str(folder),

@@ -42,7 +42,7 @@ from ncfcli.options import (
     one_of,
     opt,
 )
-from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS
+from ncfcli.scoring.selection import SELECT_HELP, SELECT_METRICS, SLACK_HELP, slack_ok
 from ncfcli.training.defaults import (
     RECIPES,
     column_defaults,
@@ -78,7 +78,7 @@ FINITE_ABOVE_0: Rule = (lambda v: v > 0 and math.isfinite(v), "> 0")
 
 
 def _layers(value: Any) -> tuple[int, ...] | None:
-    return parse_layers(value) if isinstance(value, str) else tuple(value)
+    return kinds.parse_layers(value) if isinstance(value, str) else tuple(value)
 
 
 @dataclass(frozen=True)
@@ -419,6 +419,15 @@ class TrainConfig:
         legacy="hr@10",
         fixed="it chose the run's best epoch so far",
     )
+    select_slack: str | None = opt(
+        None,
+        SLACK_HELP,
+        EVAL,
+        shown=BY_SIZE,
+        check=(slack_ok, "se or a number >= 0"),
+        legacy="0",
+        fixed="it chose the run's best epoch so far",
+    )
     # how the data is laid over the ranks, not what is trained: kept out of tunables(); the run
     # records the mode it used (config.json's "shard")
     shard: str = opt(
@@ -480,25 +489,6 @@ def check_launch(cfg: TrainConfig, procs: int) -> None:
             "--sequence-length (the default turns the term off there), or use --shard none",
             2,
         )
-
-
-def out_of_patience(patience: int | None, eval_every: int | None, epoch: int, best: int) -> bool:
-    """Whether --patience ends a run after `epoch`: `patience` scored epochs (every
-    --eval-every) have passed since the chosen epoch `best` (0 or None: never)."""
-    return bool(patience) and epoch - best >= int(patience or 0) * int(eval_every or 1)
-
-
-def parse_layers(text: str | None) -> tuple[int, ...] | None:
-    """'256 256 128 64' or '256,256,128,64' -> (256, 256, 128, 64)."""
-    if text is None:
-        return None
-    words = text.replace(",", " ").split()
-    try:
-        return tuple(int(w) for w in words)
-    except ValueError:
-        raise NcfError(
-            f"--layers takes whole numbers like 256 256 128 64, got {text!r}", 2
-        ) from None
 
 
 def resolve(

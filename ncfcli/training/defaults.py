@@ -15,7 +15,8 @@ TIERS: tuple[tuple[int | None, str, dict[str, Any]], ...] = (
     (500_000, "< 500k (ml-100k)",
      {"epochs": 10, "batch_size": 1 << 14, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "model": "mf", "factors": 128, "layers": (64, 32, 16), "dropout": 0.0, "neg_per_pos": 32,
-      "l2": 1e-3, "shared_negatives": 256, "patience": 3, "recency_weight": 16.0, "order_factors": 64, "sequence_length": 20}),
+      "l2": 1e-3, "shared_negatives": 256, "patience": 3, "recency_weight": 16.0,
+      "order_factors": 64, "sequence_length": 20, "select_slack": "se"}),
     (5_000_000, "< 5M (ml-1m)",
      {"epochs": 20, "batch_size": 1 << 16, "lr": 0.004, "beta1": 0.9, "beta2": 0.999,
       "factors": 64, "layers": (128, 64, 32), "dropout": 0.0}),
@@ -42,7 +43,7 @@ BASE: dict[str, Any] = {
     "model": "neumf", "target_hr": None, "eval_batch": 1 << 20, "eval_every": 1,
     "select_metric": "hr@10", "sequence_length": 0, "sequence_factors": 64,
     "sequence_weight": 1.0, "keep_checkpoints": 3, "shared_negatives": 0,
-    "patience": 0,
+    "patience": 0, "select_slack": "0",
 }  # fmt: skip
 
 # Past the first tier, the order term where the validation probe (ncfcli/training/recency.py)
@@ -53,6 +54,7 @@ ORDER_FACTORS_ON = 64
 BY_SIZE = (
     "model", "epochs", "batch_size", "lr", "beta1", "beta2", "factors", "layers", "dropout",
     "neg_per_pos", "shared_negatives", "patience", "l2", "recency_weight", "order_factors", "sequence_length",
+    "select_slack",
 )  # fmt: skip
 
 

@@ -42,9 +42,10 @@ from ncfcli.rundir.checkpoint import load_checkpoint
 from ncfcli.rundir.files import BEST, CKPT_DIR, CURVES, LAST
 from ncfcli.rundir.logs import RunLog
 from ncfcli.rundir.record import import_plotting, save_curves
+from ncfcli.scoring.selection import chooses, out_of_patience, top_record
 from ncfcli.training import validation as evaluation
 from ncfcli.training.baselines import fit_baseline
-from ncfcli.training.config import TrainConfig, out_of_patience
+from ncfcli.training.config import TrainConfig
 from ncfcli.training.device import is_oom, tf32_restored
 from ncfcli.training.optim import Batch, Stepper, seed_for
 from ncfcli.training.refit import refit_settings
@@ -201,7 +202,8 @@ def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: H
     chosen_by = scores["test" if s.select == "last" else s.select]
     if s.cfg.target_hr is not None and chosen_by["hr@10"] >= s.cfg.target_hr:
         return "--target-hr"
-    best = int(s.best["epoch"]) if s.best is not None else epoch
+    top = top_record(s.history, s.select, str(s.cfg.select_metric))  # the best figure's epoch
+    best = int(top["epoch"]) if top is not None else epoch
     if s.select == "validation" and out_of_patience(s.cfg.patience, s.cfg.eval_every, epoch, best):
         return "--patience"
     if hooks.on_epoch is not None and not hooks.on_epoch(epoch, scores):
@@ -343,7 +345,11 @@ def _end_epoch(
         scores[choose] = evaluation.score_split(
             s.model, s.eval_sets, choose, s.env, cfg.eval_batch, s.full_sets
         )
-        improved = evaluation.improves(s.best, s.select, scores[choose], str(cfg.select_metric))
+        n_users = int(s.dataset_info.get("chooser_users") or 0)
+        metric, slack = str(cfg.select_metric), cfg.select_slack
+        improved = s.select == "last" or chooses(
+            s.history, s.select, scores[s.select], metric, slack, n_users
+        )
         record.update(scores)
         if improved:
             s.best = {"epoch": epoch, "selected_by": s.select, "test": None, **scores}
@@ -405,6 +411,13 @@ def _host_copy(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
+def _best_figure_epoch(s: Session) -> int:
+    """The epoch of the best validation figure where --select-slack chose a later one, else 0."""
+    top = top_record(s.history, s.select, str(s.cfg.select_metric))
+    chosen = int(s.best["epoch"]) if s.best is not None else 0
+    return int(top["epoch"]) if top is not None and int(top["epoch"]) != chosen else 0
+
+
 def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
     cfg, best = s.cfg, s.best
     assert best is not None
@@ -433,6 +446,8 @@ def _result(s: Session, totals: _Totals, t_start: float) -> TrainResult:
         sequence_note=s.sequence_note,
         shard=s.shard,
         select_metric=str(cfg.select_metric),
+        best_figure_epoch=_best_figure_epoch(s),
+        select_slack=str(cfg.select_slack or "0"),
         recipe=str(cfg.recipe),
         recipe_note=s.recipe_note,
     )

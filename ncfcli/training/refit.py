@@ -15,7 +15,8 @@ from typing import Any
 from ncfcli.data.dataset import PreparedData
 from ncfcli.errors import NcfError
 from ncfcli.rundir import checkpoint as ckpt
-from ncfcli.training.config import LEGACY, REFIT_OWN, TrainConfig, out_of_patience, tunables
+from ncfcli.scoring.selection import out_of_patience, top_record
+from ncfcli.training.config import LEGACY, REFIT_OWN, TrainConfig, tunables
 
 
 def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> TrainConfig:
@@ -58,9 +59,14 @@ def refit_settings(cfg: TrainConfig, data: PreparedData, world_size: int) -> Tra
     reached = (
         saved.get("target_hr") is not None and best["validation"]["hr@10"] >= saved["target_hr"]
     )
-    done = int(ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))["epoch"])
+    last = ckpt.load_checkpoint(ckpt.find_checkpoint(source, "last"))
+    done = int(last["epoch"])
+    # --patience counts from the best figure's epoch (with a --select-slack, the chosen one
+    # may be later)
+    metric = str(saved.get("select_metric") or "hr@10")
+    top = top_record(last.get("history") or [], "validation", metric)
     patience = saved.get("patience"), saved.get("eval_every")
-    reached = reached or out_of_patience(*patience, done, int(best["epoch"]))
+    reached = reached or out_of_patience(*patience, done, int((top or best)["epoch"]))
     if done < planned and not reached:
         raise NcfError(
             f"--refit {source} has trained {done} of its {planned} epochs, so its "

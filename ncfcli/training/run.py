@@ -56,6 +56,9 @@ class TrainResult:
     sequence_note: str | None = None  # why the window is not the one asked for (off, capped)
     shard: dict[str, Any] | None = None  # the data's layout over the ranks (train/shard.py)
     select_metric: str = "hr@10"  # the figure that chose the best epoch (--select-metric)
+    # where --select-slack chose a later epoch than the best figure's: that epoch, and the slack
+    best_figure_epoch: int = 0
+    select_slack: str = "0"
     recipe: str = ""  # the column of defaults the run trained with (--recipe)
     recipe_note: str = ""  # how a new run chose it (start.recipe_choice)
 
@@ -75,6 +78,8 @@ class TrainResult:
             **self.terms,
             "tables": self.tables,
         }
+        if self.best_figure_epoch:
+            out["best_figure_epoch"] = self.best_figure_epoch
         if self.recipe:
             out["recipe"] = self.recipe
         if self.recipe_note:
@@ -119,14 +124,20 @@ def option_changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, l
     return out
 
 
-def describe_dataset(cfg: TrainConfig, data: PreparedData) -> dict[str, Any]:
-    """The dataset as checkpoints and config.json record it (eval and recommend rebuild it)."""
+def describe_dataset(
+    cfg: TrainConfig, data: PreparedData, chooser_users: int = 0
+) -> dict[str, Any]:
+    """The dataset as checkpoints and config.json record it (eval and recommend rebuild it);
+    `chooser_users`: the users of the split that chooses the epoch (over every rank), whose
+    figures' standard error --select-slack se reads (and `ncf inspect` with it)."""
     info = {
         "path": str(Path(cfg.data_dir).resolve()),
         "fingerprint": data.fingerprint,
         "n_users": data.n_users,
         "n_items": data.n_items,
     }
+    if chooser_users:  # an NCF run's (a baseline's one fit has no epochs to choose)
+        info["chooser_users"] = chooser_users
     if data.merged_validation:
         info["merged_validation"] = True
     return info

@@ -65,7 +65,7 @@ from ncfcli.training.run import describe_dataset, option_changes
 from ncfcli.training.session import Session
 from ncfcli.training.shard import Layout, record
 from ncfcli.training.stream import StreamSampler, window_buckets
-from ncfcli.training.validation import eval_sets, full_sets, selecting_split
+from ncfcli.training.validation import eval_sets, full_sets, selecting_split, split_users
 
 
 def start(
@@ -164,6 +164,7 @@ def _session(
     sequences, calibration = sequence_inputs(cfg, data, env, backend, layout)
     # Validation chooses the epoch; test is only reported (it chooses only without validation).
     select = selecting_split(data)
+    held = eval_sets(cfg, data, env, backend)
     return Session(
         cfg=cfg,
         data=data,
@@ -181,10 +182,10 @@ def _session(
         n_params=n_params,
         sampler=sampler,
         local_batch=local_batch,
-        eval_sets=eval_sets(cfg, data, env, backend),
+        eval_sets=held,
         full_sets=full_sets(cfg, data, backend, select),
         select=select,
-        dataset_info=describe_dataset(cfg, data),
+        dataset_info=describe_dataset(cfg, data, split_users(held, select, env)),
         sequences=sequences,
         calibration=calibration,
         **facts,

@@ -1,13 +1,15 @@
 """HR@10 and NDCG@10 after every epoch, and which epoch is the run's (best.pt).
 
-Model selection: the best epoch (best.pt, the reported figures) is chosen on the validation
+Model selection: the epoch of best.pt and the reported figures is chosen on the validation
 split, by `--select-metric` (HR@10 of the sampled protocol unless named), the same protocol's
-other figure breaking ties; a full-ranking metric scores the split both ways. `--target-hr`
-reads the sampled HR@10. The test metrics are only reported: the run's test figures are those
-of the validation-chosen epoch. A dataset prepared with --no-validation (the NCF/NVIDIA
-protocol) has no validation split; its epoch is chosen on the test set, and every report says
-so ("selected_by": "test"). A --refit run's model is its last epoch ("selected_by": "last"),
-and test still chooses nothing.
+other figure breaking ties; a full-ranking metric scores the split both ways. With
+`--select-slack` it is the latest epoch within that slack of the best figure (the rule:
+ncfcli/scoring/selection.py); --patience counts from the best figure's epoch either way.
+`--target-hr` reads the sampled HR@10. The test metrics are only reported: the run's test
+figures are those of the validation-chosen epoch. A dataset prepared with --no-validation (the
+NCF/NVIDIA protocol) has no validation split; its epoch is chosen on the test set (by the best
+figure: no slack), and every report says so ("selected_by": "test"). A --refit run's model is
+its last epoch ("selected_by": "last"), and test still chooses nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from ncfcli.scoring.metrics import (
     sums_to_metrics,
 )
 from ncfcli.scoring.scorer import device_context, split_context
-from ncfcli.scoring.selection import selection_key
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.device import tf32_restored
 
@@ -83,6 +84,15 @@ def selecting_split(data: PreparedData) -> str:
     return "last" if data.merged_validation else "test"
 
 
+def split_users(sets: dict[str, tuple[Any, ...]], split: str, env: DistEnv) -> int:
+    """How many users `split` holds over every rank (0 where the run has no such split)."""
+    if split not in sets:
+        return 0
+    users = sets[split][0]
+    n = torch.tensor([int(users.shape[0])], dtype=torch.int64, device=users.device)
+    return int(dist_env.all_reduce_sum(n, env).item())
+
+
 def eval_sets(
     cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend
 ) -> dict[str, tuple[Any, ...]]:
@@ -116,16 +126,6 @@ def full_sets(
         )
     prev = device_context(cfg, data, select, backend)
     return {select: full_split(data, select, backend, prev)}
-
-
-def improves(
-    best: dict[str, Any] | None, select: str, metrics: dict[str, float], metric: str = "hr@10"
-) -> bool:
-    """Whether an epoch with these `metrics` (of the `select` split) becomes the run's best,
-    ranked by `metric` (--select-metric)."""
-    if best is None or select == "last":
-        return True
-    return selection_key(metrics, metric) > selection_key(best[select], metric)
 
 
 def score_split(
