@@ -161,7 +161,7 @@ def test_auto_turns_them_on_past_a_gibibyte_of_tables() -> None:
 
 # ---- the real command ----------------------------------------------------------------------
 
-TINY = ["--factors", "8", "--layers", "16", "8", "--batch-size", "512", "--lr", "0.01",
+TINY = ["--factors", "8", "--layers", "16", "8", "--batch-size", "2048", "--lr", "0.01",
         "--seed", "3", "--order-factors", "8", "--sparse-tables", "on", "--json", "-q"]  # fmt: skip
 
 
@@ -183,7 +183,7 @@ def runs(prepared_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     base = tmp_path_factory.mktemp("sparse")
     out = {name: base / name for name in ("one", "two", "micro")}
     extra = {"one": ["--device", "cpu"], "two": ["--nproc", "2"],
-             "micro": ["--nproc", "2", "--micro-batch", "100"]}  # fmt: skip
+             "micro": ["--nproc", "2", "--micro-batch", "400"]}  # fmt: skip
     for name, run in out.items():
         res = ncf("train", str(prepared_dir), "--out", str(run), "--epochs", "2", *TINY,
                   *extra[name], check_sync=name != "one")  # fmt: skip
@@ -221,7 +221,7 @@ def test_max_steps_ends_the_run_with_a_scored_checkpoint(
 ) -> None:
     run = tmp_path / "short"
     res = ncf("train", str(prepared_dir), "--out", str(run), "--epochs", "3", *TINY,
-              "--device", "cpu", "--max-steps", "7")  # fmt: skip
+              "--device", "cpu", "--max-steps", "7", "--batch-size", "512")  # fmt: skip
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert result["stopped_by"] == "--max-steps" and result["best_epoch"] == 1
