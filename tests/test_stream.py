@@ -214,7 +214,7 @@ def test_a_window_holds_up_to_4_buckets_and_about_5m_rows(monkeypatch: pytest.Mo
 
 # ---- the real command ----------------------------------------------------------------------
 
-TINY = ["--factors", "8", "--batch-size", "256", "--lr", "0.01", "--seed", "3",
+TINY = ["--factors", "8", "--batch-size", "512", "--lr", "0.01", "--seed", "3",
         "--order-factors", "8", "--nproc", "2", "--shard", "users", "-q"]  # fmt: skip
 ENV = {"OMP_NUM_THREADS": "1", "NCF_DIST_TIMEOUT": "60", "NCF_STREAM_BUCKETS": "1",
        "NCF_CHECK_SYNC": "1"}  # fmt: skip
