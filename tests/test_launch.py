@@ -42,7 +42,7 @@ TINY = [
     "16",
     "8",
     "--batch-size",
-    "512",
+    "2048",
     "--lr",
     "0.01",
     "--seed",
@@ -392,12 +392,12 @@ def test_samples_per_second_counts_every_rank(runs: dict[str, Path], prepared_di
 def test_two_workers_in_micro_batches_match_one_process(
     runs: dict[str, Path], prepared_dir: Path, tmp_path: Path
 ) -> None:
-    # Each rank's 256-sample share in slices of 100: DDP skips the all-reduce on the first two
+    # Each rank's 1024-sample share in slices of 400: DDP skips the all-reduce on the first two
     # slices (no_sync) and sums the accumulated gradients on the third; the ranks stay equal
     # after every step (NCF_CHECK_SYNC) and the run matches one process.
     run = tmp_path / "micro"
     train_json(ncf("train", str(prepared_dir), "--out", str(run), "--epochs", str(EPOCHS), *TINY,
-                   "--nproc", "2", "--micro-batch", "100", "--json", "-q", check_sync=True))  # fmt: skip
+                   "--nproc", "2", "--micro-batch", "400", "--json", "-q", check_sync=True))  # fmt: skip
     one, micro = history(runs["one"])[-1], history(run)[-1]
     for split in ("validation", "test"):
         assert abs(micro[split]["hr@10"] - one[split]["hr@10"]) <= 0.01, (split, one, micro)
