@@ -8,6 +8,7 @@ exactly, on a real model with the order and sequence terms.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -86,7 +87,7 @@ def test_workers_only_on_a_cpu_whose_scoring_has_one_thread(
 ) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(scorer, "scoring_thread_count", lambda device: 1)
-    cores = len(scorer.os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     assert scorer.chunk_workers("cpu") == min(2, cores)
     assert scorer.chunk_workers("cuda") == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's own limit

@@ -57,6 +57,13 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+def threads_given() -> bool:
+    """Whether the user fixed the thread count (OMP_NUM_THREADS): ncf then keeps torch's count
+    and starts no threads of its own beside the run's (device.set_threads, step.term_thread,
+    scoring's chunks, a tune's jobs)."""
+    return bool(os.environ.get("OMP_NUM_THREADS"))
+
+
 def free_port(host: str = "") -> int:
     """A TCP port nobody listens on now (the kernel's pick); the launcher binds it a moment later."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

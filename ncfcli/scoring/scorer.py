@@ -11,7 +11,6 @@ the items before the held-out one, or "next", everything the data holds.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from ncfcli.heap import keep_heap
-from ncfcli.launch.plan import cpu_count
+from ncfcli.launch.plan import cpu_count, threads_given
 
 
 def context_window(source: Any) -> int | None:
@@ -104,7 +103,7 @@ def scoring_thread_count(device: torch.device | str) -> int:
     (one on a 2-core machine, as training steps run: ncfcli/training/device.py), never more
     than torch has now; torch's own count on a GPU or where OMP_NUM_THREADS is set."""
     now = torch.get_num_threads()
-    if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+    if torch.device(device).type != "cpu" or threads_given():
         return now
     return max(1, min(now, cpu_count() - 1))
 
@@ -135,7 +134,7 @@ def chunk_workers(device: torch.device | str) -> int:
     """Threads that score chunks of users side by side (`map_chunks`): on a CPU whose scoring
     runs one intra-op thread while a second core is there (a 2-core machine), two; else one
     (a GPU, intra-op threads on every core already, or OMP_NUM_THREADS set by the user)."""
-    if torch.device(device).type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+    if torch.device(device).type != "cpu" or threads_given():
         return 1
     return min(2, cpu_count()) if scoring_thread_count(device) == 1 else 1
 

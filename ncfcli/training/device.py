@@ -9,7 +9,6 @@ rows); OMP_NUM_THREADS overrides the thread count.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from ncfcli.backend import Backend
 from ncfcli.errors import NcfError, is_device_oom
 from ncfcli.heap import keep_heap
+from ncfcli.launch.plan import threads_given
 from ncfcli.training.config import TrainConfig
 
 # Below this many rows per step a CPU run trains on one thread: its ops are too small for the
@@ -107,6 +107,6 @@ def set_threads(backend: Backend, local_batch: int) -> None:
     # (backend.build_stream). Two epochs of samples (12 B each) are alive at once.
     if not backend.is_cuda:
         keep_heap()  # freed table-sized gradients stay in the heap (ncfcli/heap.py)
-    if not backend.is_cuda and not os.environ.get("OMP_NUM_THREADS"):
+    if not backend.is_cuda and not threads_given():
         small = local_batch < CPU_ONE_THREAD_BELOW
         torch.set_num_threads(1 if small else max(1, torch.get_num_threads() - 1))

@@ -10,7 +10,6 @@ random numbers, so the step is the serial one's, bit for bit, in about the longe
 
 from __future__ import annotations
 
-import os
 import signal
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import torch
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
-from ncfcli.launch.plan import cpu_count
+from ncfcli.launch.plan import cpu_count, threads_given
 from ncfcli.training.optim import (
     Batch,
     CpuAdam,
@@ -71,7 +70,7 @@ def term_thread(s: Session) -> ThreadPoolExecutor | None:
         return None
     if s.cfg.dropout or torch.get_num_threads() != 1 or cpu_count() < 2:
         return None
-    if os.environ.get("OMP_NUM_THREADS"):  # the user's own limit, as set_threads and scoring keep
+    if threads_given():  # the user's own limit, as set_threads and scoring keep
         return None
     # One intra-op thread there too: a thread starts with OpenMP's default team (every core),
     # not the count torch.set_num_threads gave the loop's thread, and its matrix products

@@ -23,6 +23,7 @@ import torch
 from ncfcli.backend import visible_devices
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
+from ncfcli.launch.plan import threads_given
 from ncfcli.tuning import search
 from ncfcli.tuning.config import TuneConfig
 
@@ -126,7 +127,7 @@ def search_trials(
     quiet: bool,
 ) -> None:
     optuna = search.load_optuna()
-    if cfg.jobs > 1 and device != "cuda" and not os.environ.get("OMP_NUM_THREADS"):
+    if cfg.jobs > 1 and device != "cuda" and not threads_given():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
     meta = read_meta(cfg.data_dir)
     study = search.open_study(path, cfg, worker)
