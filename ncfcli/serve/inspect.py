@@ -154,9 +154,9 @@ def run_report(folder: Path) -> dict[str, Any]:
     metric = str(train.get("select_metric") or "hr@10")
     if refit:
         best = history[-1] if history else None
-    elif any(h.get("validation") for h in history) and train.get("select_slack"):
+    elif any(h.get("validation") for h in history):  # runs from before the slack: the best
         users = int(dataset.get("chooser_users") or 0)
-        best = chosen_record(history, "validation", metric, train["select_slack"], users)
+        best = chosen_record(history, "validation", metric, train.get("select_slack"), users)
     else:
         best = max(history, key=lambda h: selection_key(_chosen(h), metric), default=None)
     # `ncf eval` keeps its results in eval.json: {"results": [{"split", "protocol", "k", "hr",
