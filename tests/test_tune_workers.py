@@ -1,5 +1,6 @@
 """`ncf tune`'s workers (ncfcli/tuning/workers.py): a pruned trial's line, a --jobs worker whose
-parent is gone, and the GPU each worker takes from the parent's list."""
+parent is gone, the GPU each worker takes from the parent's list, and the threads of a CPU
+tune's jobs."""
 
 from __future__ import annotations
 
@@ -73,3 +74,16 @@ def test_each_worker_takes_a_gpu_of_the_parents_list(monkeypatch: pytest.MonkeyP
         workers.work(cfg, ".", worker, None, gpus=2)
     expected = (visible or "0,1").split(",")
     assert seen == [(expected[w % 2], "cuda") for w in range(4)]
+
+
+def test_a_cpu_tunes_jobs_share_the_cores_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a narrowed affinity mask (a container, SLURM, taskset) the jobs share the mask's
+    cores, not the machine's."""
+    from ncfcli.launch import plan
+    from ncfcli.tuning import workers
+
+    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    monkeypatch.setattr(plan.os, "cpu_count", lambda: 64)
+    assert [workers.job_threads(j) for j in (1, 2, 4, 8)] == [6, 3, 1, 1]

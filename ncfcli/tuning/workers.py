@@ -23,7 +23,7 @@ import torch
 from ncfcli.backend import visible_devices
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
-from ncfcli.launch.plan import threads_given
+from ncfcli.launch.plan import cpu_count, threads_given
 from ncfcli.tuning import search
 from ncfcli.tuning.config import TuneConfig
 
@@ -117,6 +117,12 @@ def work(
     return stop.requested
 
 
+def job_threads(jobs: int) -> int:
+    """Torch threads for each of a CPU tune's `jobs` worker processes: the cores this process
+    may use (its affinity mask, as `ncf train` counts them) shared out, at least one."""
+    return max(1, cpu_count() // jobs)
+
+
 def search_trials(
     cfg: TuneConfig,
     path: Path,
@@ -128,7 +134,7 @@ def search_trials(
 ) -> None:
     optuna = search.load_optuna()
     if cfg.jobs > 1 and device != "cuda" and not threads_given():
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.jobs))
+        torch.set_num_threads(job_threads(cfg.jobs))
     meta = read_meta(cfg.data_dir)
     study = search.open_study(path, cfg, worker)
     callbacks: list[Any] = []
