@@ -154,7 +154,7 @@ def run_report(folder: Path) -> dict[str, Any]:
     metric = str(train.get("select_metric") or "hr@10")
     if refit:
         best = history[-1] if history else None
-    elif any(h.get("validation") for h in history):  # runs from before the slack: the best
+    elif any(h.get("validation") for h in history):  # no --select-slack recorded: the best
         users = int(dataset.get("chooser_users") or 0)
         best = chosen_record(history, "validation", metric, train.get("select_slack"), users)
     else:
