@@ -27,6 +27,14 @@ from ncfcli.errors import NcfError
 DEVICES = ("auto", "cpu", "cuda")
 
 
+def cpu_count() -> int:
+    """CPU cores this process may use (its affinity mask, which containers and SLURM narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @functools.cache
 def driver_present() -> bool:
     """Whether an NVIDIA driver could be here at all: its device node or libcuda.

@@ -54,7 +54,7 @@ MAX_WORKERS = 8  # `-n auto` beyond this buys little: most slow tests are a few 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`pytest -n auto` (the README's test command): one worker per CPU, at most MAX_WORKERS,
     so a 64-core GPU box does not start 64 CUDA contexts on one GPU."""
-    from ncfcli.launch.plan import cpu_count
+    from ncfcli.backend import cpu_count
 
     return min(MAX_WORKERS, cpu_count())
 

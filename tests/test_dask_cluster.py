@@ -84,6 +84,38 @@ def test_the_minimum_counts_the_largest_block(tmp_path: Path) -> None:
     assert minimum_memory(made, shape, get_backend("cpu")) >= WORKER_BYTES + 16 * rows
 
 
+@needs_dask
+def test_a_local_cpu_cluster_has_a_worker_per_core_of_the_affinity_mask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --workers, a local CPU cluster starts one worker per core this process may use
+    (a container's or SLURM's mask), each with its share of the memory: not one per core of
+    the machine (64 here), each with 1/64 of it."""
+    import distributed
+
+    from ncfcli import backend
+    from ncfcli.data.engines import cluster as cluster_mod
+
+    monkeypatch.setattr(backend.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(backend.os, "cpu_count", lambda: 64)
+    calls: list[dict] = []
+
+    class Built(Exception):
+        pass
+
+    def cluster(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        raise Built
+
+    monkeypatch.setattr(distributed, "LocalCluster", cluster)
+    config = PrepareConfig(source="synthetic", engine="dask")
+    with pytest.raises(Built), cluster_mod.client_for(config, get_backend("cpu"), tmp_path, None):
+        pass
+    [kwargs] = calls
+    assert kwargs["memory_limit"] == cluster_mod.default_memory(3)
+    assert cluster_mod.default_memory(3) != cluster_mod.default_memory(64)
+
+
 # ---- dask-cuda's cluster, stood in for ----------------------------------------------------------
 
 

@@ -81,9 +81,11 @@ def test_a_cpu_tunes_jobs_share_the_cores_this_process_may_use(
 ) -> None:
     """Under a narrowed affinity mask (a container, SLURM, taskset) the jobs share the mask's
     cores, not the machine's."""
-    from ncfcli.launch import plan
+    from ncfcli import backend
     from ncfcli.tuning import workers
 
-    monkeypatch.setattr(plan.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
-    monkeypatch.setattr(plan.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(
+        backend.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False
+    )
+    monkeypatch.setattr(backend.os, "cpu_count", lambda: 64)
     assert [workers.job_threads(j) for j in (1, 2, 4, 8)] == [6, 3, 1, 1]

@@ -125,7 +125,7 @@ class PrepareConfig:
         None,
         "dask: worker processes of the local cluster.",
         DEVICES,
-        shown="CPU cores, or GPUs with --device cuda",
+        shown="the cores this process may use, or GPUs with --device cuda",
     )
     memory_limit: str | None = opt(
         None,

@@ -49,14 +49,6 @@ LAUNCH_FLAGS = ("--gpus", "--nproc", "--nnodes", "--node-rank", "--master-addr",
 DEFAULT_MULTINODE_PORT = 29500
 
 
-def cpu_count() -> int:
-    """CPU cores this process may use (its affinity mask, which containers and SLURM narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def threads_given() -> bool:
     """Whether the user fixed the thread count (OMP_NUM_THREADS): ncf then keeps torch's count
     and starts no threads of its own beside the run's (device.set_threads, step.term_thread,
@@ -164,7 +156,7 @@ def plan_launch(argv: Sequence[str], flags: LaunchFlags) -> LaunchPlan:
         master_addr=master_addr or "127.0.0.1",
         master_port=master_port,
         device=device,
-        threads=max(1, cpu_count() // per_node),
+        threads=max(1, backend.cpu_count() // per_node),
         worker_args=tuple(args),
     )
 

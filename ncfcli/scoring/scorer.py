@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from ncfcli.backend import cpu_count
 from ncfcli.heap import keep_heap
-from ncfcli.launch.plan import cpu_count, threads_given
+from ncfcli.launch.plan import threads_given
 
 
 def context_window(source: Any) -> int | None:

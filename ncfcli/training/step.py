@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
+from ncfcli.backend import cpu_count
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv
-from ncfcli.launch.plan import cpu_count, threads_given
+from ncfcli.launch.plan import threads_given
 from ncfcli.training.optim import (
     Batch,
     CpuAdam,

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from ncfcli.backend import visible_devices
+from ncfcli.backend import cpu_count, visible_devices
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
-from ncfcli.launch.plan import cpu_count, threads_given
+from ncfcli.launch.plan import threads_given
 from ncfcli.tuning import search
 from ncfcli.tuning.config import TuneConfig
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ncfcli.backend import Backend, gpu_count, rmm_installed, visible_devices
+from ncfcli.backend import Backend, cpu_count, gpu_count, rmm_installed, visible_devices
 from ncfcli.data.blocks import Block
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.synthetic import partition_bounds
@@ -258,7 +258,7 @@ def client_for(
                 cluster = stack.enter_context(_cuda_cluster(config, memory, scratch, http))
         else:
             _forkserver_without_sigint(stack)
-            n_workers = config.workers or os.cpu_count() or 1
+            n_workers = config.workers or cpu_count()
             # No worker yet: the cluster is closed on the way out from here on, a Ctrl-C while
             # its workers start included (raised inside its constructor, it was closed by
             # distributed's exit hook instead, with a traceback).
