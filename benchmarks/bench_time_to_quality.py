@@ -1,7 +1,8 @@
 """The default `ncf train`'s time to quality, beside tuned ALS: `python benchmarks/bench_time_to_quality.py`.
 
 For each dataset (MovieLens-100K; Amazon Beauty from ../shared/data/beauty/beauty.csv, or
---beauty PATH; `synthetic`, a tiny generated set for the smoke test), `ncf prepare` holds out
+--beauty PATH; `csv`, any log `ncf prepare` reads, given as --csv PATH and named by its file;
+`synthetic`, a tiny generated set for the smoke test), `ncf prepare` holds out
 each user's latest item (test) and second-latest (validation), each with 100 sampled
 negatives. Then, per seed (--seeds, default 0 1 2), each a fresh process as a user runs it:
 
@@ -19,6 +20,8 @@ missed target exits 1.
 
     python benchmarks/bench_time_to_quality.py --datasets ml-100k --seeds 0 1 2
     python benchmarks/bench_time_to_quality.py --datasets beauty --als 256,300,40,30
+    python benchmarks/instacart_csv.py /tmp/instacart.csv   # an unseen log (its docstring)
+    python benchmarks/bench_time_to_quality.py --datasets csv --csv /tmp/instacart.csv
 
 `--profile N` instead trains the default for N epochs per dataset in-process, with timers
 around the loop's steps (ncfcli/training/loop.py), and prints where the time went: start-up,
@@ -56,12 +59,21 @@ FIGURES = ("sampled hr@10", "sampled ndcg@10", "full hr@10", "full ndcg@10")
 TARGETS = {"ml-100k": (15.0, 0.74, 0.20), "beauty": (90.0, 0.52, 0.077)}
 
 
+def dataset_name(name: str, a: argparse.Namespace) -> str:
+    """The dataset's name in the table: `csv` is its file's stem."""
+    return Path(a.csv).stem if name == "csv" and a.csv else name
+
+
 def prepare(name: str, work: Path, a: argparse.Namespace) -> Path:
     """The prepared dataset (validation and test split), made once per --work directory."""
-    out = work / f"{name}-ttq"
+    out = work / f"{dataset_name(name, a)}-ttq"
     if not (out / "meta.json").exists():
         if name == "synthetic":
             source = SYNTHETIC
+        elif name == "csv":
+            if not a.csv or not Path(a.csv).is_file():
+                sys.exit(f"error: --datasets csv needs --csv PATH, a file (got {a.csv!r})")
+            source = [a.csv]
         elif name == "beauty":
             source = [str(find_shared("beauty", "beauty.csv", a.beauty))]
         else:
@@ -131,9 +143,9 @@ def benchmark(a: argparse.Namespace) -> None:
         work.mkdir(parents=True, exist_ok=True)
         for name in a.datasets:
             data = prepare(name, work, a)
-            print(f"== {name}", flush=True)
+            print(f"== {dataset_name(name, a)}", flush=True)
             ncf_runs = [run_ncf(data, work, s, shlex.split(a.ncf_args)) for s in a.seeds]
-            rows.append((name, "ncf default", ncf_runs))
+            rows.append((dataset_name(name, a), "ncf default", ncf_runs))
             missed |= not judge(name, ncf_runs)
             if a.no_als:
                 continue
@@ -141,8 +153,10 @@ def benchmark(a: argparse.Namespace) -> None:
             grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
             point, _ = tune_als(data, work, grid)
             print(f"  als {point} chosen on validation", flush=True)
-            label = "als " + ",".join(f"{v:g}" for v in point)
-            rows.append((name, label, [run_als(data, work, s, point) for s in a.seeds]))
+            als = "als " + ",".join(f"{v:g}" for v in point)
+            rows.append(
+                (dataset_name(name, a), als, [run_als(data, work, s, point) for s in a.seeds])
+            )
     print(
         f"test figures, median (min-max) over {len(a.seeds)} seed(s); wall: the whole "
         "`ncf train` process"
@@ -320,6 +334,7 @@ def profile(a: argparse.Namespace) -> None:
         work.mkdir(parents=True, exist_ok=True)
         for name in a.datasets:
             data = prepare(name, work, a)
+            name = dataset_name(name, a)
             out = work / f"profile-{name}-{time.time_ns()}"
             cmd = [sys.executable, str(Path(__file__).resolve()), "--profile-one", str(data),
                    "--profile", str(a.profile), "--work", str(out), "--ncf-args", a.ncf_args,
@@ -345,7 +360,7 @@ def profile(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--datasets", nargs="+", default=["ml-100k", "beauty"],
-                   choices=["ml-100k", "beauty", "synthetic"])  # fmt: skip
+                   choices=["ml-100k", "beauty", "csv", "synthetic"])  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ncf-args", default="", help="extra `ncf train` flags (default: none)")
     p.add_argument("--als", help="skip ALS's search: factors,reg,alpha,iterations")
@@ -358,6 +373,7 @@ def main() -> None:
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     p.add_argument("--beauty", help="Amazon Beauty's beauty.csv (user,item,timestamp)")
+    p.add_argument("--csv", help="--datasets csv: a log `ncf prepare` reads (no target applies)")
     a = p.parse_args()
     if a.profile_one:
         got = profile_one(a.profile_one, a.profile, a.work, shlex.split(a.ncf_args), a.ops)

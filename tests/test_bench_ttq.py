@@ -88,3 +88,59 @@ def test_the_profile_accounts_for_the_whole_process(tmp_path: Path) -> None:
     assert sum(sec for sec, _ in top) == pytest.approx(whole, abs=0.02)
     assert sum(float(share) for _, share in top) == pytest.approx(100.0, abs=0.5)
     assert rows["rest of the process"][0] < 0.5 * whole
+
+
+def test_an_unseen_csv_is_benchmarked_under_its_files_name(tmp_path: Path) -> None:
+    """`--datasets csv --csv PATH`: the log is prepared from PATH, and its rows in the table are
+    named by the file's stem; without --csv it is one error line."""
+    rows = [("user", "item", "timestamp")]
+    rows += [(u, (u * 7 + k * 3) % 150, k) for u in range(60) for k in range(8)]
+    log = tmp_path / "shop.csv"
+    log.write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
+    res = _bench_csv("--csv", str(log), "--seeds", "0", "--no-als", "--ncf-args", "--epochs 1",
+                     "--work", str(tmp_path / "work"))  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "== shop" in res.stdout.splitlines()
+    assert any(re.match(r"^shop\s{2,}ncf default\s{2,}", ln) for ln in res.stdout.splitlines())
+    assert (tmp_path / "work" / "shop-ttq" / "meta.json").is_file()
+    res = _bench_csv("--seeds", "0", "--no-als")
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines() == [
+        "error: --datasets csv needs --csv PATH, a file (got None)"
+    ]
+
+
+def _bench_csv(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(BENCH), "--datasets", "csv", *args],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+
+
+def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:
+    """benchmarks/instacart_csv.py: a product's time is its order number x 1000 + its place in
+    the cart (the sample's first column is pandas' index; an empty place counts 0); a file
+    without Instacart's columns is one error line and writes nothing."""
+    sample = tmp_path / "df_sample.csv"
+    sample.write_text(
+        ",order_id,user_id,order_number,order_dow,add_to_cart_order,product_id\n"
+        "0,11,1,1,2,1.0,196\n"
+        "1,11,1,1,2,2.0,14084\n"
+        "2,12,1,2,3,1.0,196\n"
+        "3,13,7,3,0,,55\n"
+    )
+    out = tmp_path / "orders.csv"
+    script = REPO / "benchmarks" / "instacart_csv.py"
+    res = subprocess.run([sys.executable, str(script), str(out), "--sample", str(sample)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert out.read_text().splitlines() == [
+        "user,item,timestamp", "1,196,1001", "1,14084,1002", "1,196,2001", "7,55,3000",
+    ]  # fmt: skip
+    assert {p.name for p in tmp_path.iterdir()} == {"df_sample.csv", "orders.csv"}
+    bad = tmp_path / "beauty.csv"
+    bad.write_text("user,item,timestamp\n1,2,3\n")
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "x.csv"), "--sample",
+                          str(bad)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode != 0
+    assert len(res.stderr.strip().splitlines()) == 1 and "not Instacart's orders" in res.stderr
+    assert not list(tmp_path.glob("x.csv*"))
