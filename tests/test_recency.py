@@ -247,3 +247,60 @@ def test_weighted_loss_under_amp(prepared_dir: Path, tmp_path: Path) -> None:
     (line,) = (run / "metrics.jsonl").read_text().splitlines()
     loss = json.loads(line)["loss"]
     assert loss == loss and 0 < loss < 10
+
+
+def _probe_data(histories: dict[int, list[int]], valid: dict[int, int], n_items: int) -> Any:
+    """A prepared dataset as the probe reads it: each user's training items listed oldest
+    first (the last has age 0), and a validation item for the users of `valid`."""
+    from types import SimpleNamespace
+
+    users = [u for u in sorted(histories) for _ in histories[u]]
+    items = [i for u in sorted(histories) for i in histories[u]]
+    age = [len(histories[u]) - 1 - k for u in sorted(histories) for k in range(len(histories[u]))]
+    counts = np.bincount(users, minlength=max(histories) + 1)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return SimpleNamespace(
+        has_validation=True, n_items=n_items,
+        train_users=np.asarray(users), train_items=np.asarray(items), train_age=np.asarray(age),
+        valid_users=np.asarray(sorted(valid)), valid_items=np.asarray([valid[u] for u in sorted(valid)]),
+        user_offsets=lambda xp: offsets,
+    )  # fmt: skip
+
+
+def _difference_by_hand(histories: dict[int, list[int]], user: int, v: int, n_items: int) -> float:
+    """The probe's per-user figure written out: each training item's cosine co-occurrence with
+    the validation item over every other user who trained on it, the latest quarter's mean
+    minus the rest's."""
+    pop = np.zeros(n_items)
+    for h in histories.values():
+        for i in h:
+            pop[i] += 1
+    others = [o for o, h in histories.items() if v in h and o != user]
+    mine = histories[user]
+    cos = [sum(i in histories[o] for o in others) / np.sqrt(pop[v] * max(pop[i], 1)) for i in mine]
+    quarter = max(1, len(mine) // 4)
+    latest = [c for k, c in enumerate(cos) if len(mine) - 1 - k < quarter]
+    rest = [c for k, c in enumerate(cos) if len(mine) - 1 - k >= quarter]
+    return float(np.mean(latest) - np.mean(rest))
+
+
+def test_the_probes_figure_equals_the_one_written_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two users of 8 training items (their latest quarter: the 2 latest) against six co-users
+    who all took items 0-3, item 0 being the two users' validation item. Read with at most 4
+    co-users an item (a subsample, its counts scaled back up: exact here, the co-users being
+    alike), the mean difference is the one computed by hand from every co-user."""
+    from ncfcli.training import recency
+
+    n_items = 10
+    histories = {0: [5, 6, 7, 8, 9, 2, 4, 1], 1: [4, 5, 6, 7, 8, 1, 2, 3]}
+    histories.update({u: [0, 1, 2, 3] for u in range(2, 8)})
+    data = _probe_data(histories, {0: 0, 1: 0}, n_items)
+    monkeypatch.setattr(recency, "PROBE_MIN_USERS", 2)
+    monkeypatch.setattr(recency, "PROBE_MAX_COUSERS", 4)
+    got = probe(data, np)
+    assert got is not None and got.users == 2
+    by_hand = [_difference_by_hand(histories, u, 0, n_items) for u in (0, 1)]
+    assert by_hand[0] != by_hand[1]
+    assert got.mean_difference == pytest.approx(float(np.mean(by_hand)), rel=1e-12)
+    d = np.asarray(by_hand)
+    assert got.z == round(float(d.mean() / (d.std(ddof=1) / np.sqrt(2))), 3)

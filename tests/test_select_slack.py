@@ -14,7 +14,14 @@ import pytest
 
 from ncfcli.data.store import read_arrays
 from ncfcli.rundir.checkpoint import load_checkpoint
-from ncfcli.scoring.selection import chooses, chosen_record, slack_of, top_record
+from ncfcli.scoring.selection import (
+    chooses,
+    chosen_record,
+    out_of_patience,
+    selection_key,
+    slack_of,
+    top_record,
+)
 from ncfcli.training import validation as train_evaluation
 from ncfcli.training.config import TrainConfig, resolve
 from ncfcli.training.defaults import BASE, TIERS
@@ -57,6 +64,28 @@ def test_the_latest_epoch_within_the_slack_is_chosen_and_patience_counts_from_th
     # test never chooses by a slack (the protocol without a validation split)
     rows = [{"epoch": 1, "test": {"hr@10": 0.6}}, {"epoch": 2, "test": {"hr@10": 0.59}}]
     assert chosen_record(rows, "test", "hr@10", "se", 300)["epoch"] == 1
+
+
+def test_the_slacks_edge_is_within_and_patience_counts_from_the_first_of_equal_bests() -> None:
+    """An epoch exactly a slack below the best is within it (binary fractions: 0.75 - 0.25 is
+    0.5 exactly); of equal best figures the first is the one patience counts from, so a run
+    whose best was tied later still stops `patience` epochs after the first."""
+    best = [_row(1, 0.75)]
+    assert chooses(best, "validation", {"hr@10": 0.5}, "hr@10", "0.25", 100)
+    assert not chooses(best, "validation", {"hr@10": 0.4375}, "hr@10", "0.25", 100)
+    tied = [_row(1, 0.5, 0.25), _row(2, 0.5, 0.25), _row(3, 0.375)]
+    first = top_record(tied, "validation", "hr@10")
+    assert first is not None and first["epoch"] == 1
+    assert out_of_patience(2, 1, 3, first["epoch"])
+
+
+def test_each_metric_breaks_its_ties_by_its_own_protocols_other_figure() -> None:
+    figures = {"hr@10": 0.1, "ndcg@10": 0.2, "full-hr@10": 0.3, "full-ndcg@10": 0.4}
+    assert selection_key(figures, "hr@10") == (0.1, 0.2)
+    assert selection_key(figures, "ndcg@10") == (0.2, 0.1)
+    assert selection_key(figures, "full-hr@10") == (0.3, 0.4)
+    assert selection_key(figures, "full-ndcg@10") == (0.4, 0.3)
+    assert selection_key({"hr@10": 0.5}, "full-hr@10") == (0.0, 0.0)  # not scored: 0
 
 
 def test_the_first_column_chooses_within_a_standard_error_and_the_others_the_best() -> None:
