@@ -103,6 +103,26 @@ def test_a_bad_slack_is_one_line(prepared_dir: Path, value: str) -> None:
     assert "--select-slack must be se or a number >= 0" in one_error_line(result)
 
 
+def test_the_standard_error_counts_the_validation_users_not_the_test_users(
+    tmp_path: Path,
+) -> None:
+    """Users of 2 interactions have a test item and no validation item: the users whose figures
+    choose the epoch (config.json's chooser_users, what `se` divides by) are the 50 with one."""
+    from tests.test_recency import _prepare
+
+    rng = np.random.default_rng(0)
+    rows = ["user,item,timestamp"]
+    for u in range(60):
+        items = rng.choice(300, 2 if u < 10 else 8, replace=False)
+        rows += [f"{u},{i},{t}" for t, i in enumerate(items)]
+    data = _prepare(tmp_path, "\n".join(rows) + "\n", negatives=50)
+    run = tmp_path / "run"
+    res = ncf("train", data, "--out", run, "--epochs", "1", *SMALL, "-q")
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    assert config["dataset"]["n_users"] == 60 and config["dataset"]["chooser_users"] == 50
+
+
 FIGURES = {1: 0.40, 2: 0.60, 3: 0.58, 4: 0.50, 5: 0.59, 6: 0.20, 7: 0.20}
 
 

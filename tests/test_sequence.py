@@ -339,6 +339,11 @@ def test_two_workers_keep_the_term_in_sync(eras: Path, tmp_path: Path) -> None:
     assert "warn" not in res.stderr.lower(), res.stderr
     got = json.loads(res.stdout)
     assert got["sequence_length"] == 6 and got["validation"]["hr@10"] > 0.2
+    # --select-slack se's standard error counts the validation users of every rank, not one's
+    config = json.loads((tmp_path / "two" / "config.json").read_text())
+    valid_users = load_prepared(eras, get_backend("cpu")).valid_users
+    assert valid_users is not None
+    assert config["dataset"]["chooser_users"] == int(valid_users.shape[0]) == 400
 
 
 def test_the_term_without_an_order_term(eras: Path, tmp_path: Path) -> None:
