@@ -126,6 +126,26 @@ def test_out_is_never_overwritten_unasked(run_dir: Path, tmp_path: Path) -> None
                                                           "recs.parquet", "theirs.csv"]  # fmt: skip
 
 
+def test_a_link_to_ncfs_own_table_is_never_written_through(run_dir: Path, tmp_path: Path) -> None:
+    """--out a symbolic link, even to a table ncf wrote, with --overwrite: refused in one line,
+    the link and the file it points to as they were (writing through it would replace a file
+    somewhere the user did not name)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    table = elsewhere / "recs.parquet"
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(table), "-q"])
+    assert res.exit_code == 0, res.output
+    before = table.read_bytes()
+    link = tmp_path / "link.parquet"
+    link.symlink_to(table)
+    res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "-o", str(link), "-k",
+                              "3", "--overwrite"])  # fmt: skip
+    assert res.exit_code == 1 and "is a symbolic link; nothing was changed" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert link.is_symlink() and table.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "link.parquet"]
+
+
 def test_csv_and_usage_errors(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "recs.csv"
     res = runner.invoke(app, ["recommend", str(run_dir), "--all-users", "--out", str(out)])

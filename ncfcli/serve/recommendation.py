@@ -278,8 +278,10 @@ def check_out_file(out: str | Path, overwrite: bool) -> Path:
         raise NcfError(f"--out {p} is a folder; give a file name such as {p / 'recs.parquet'}")
     if p.suffix.lower() not in OUT_FORMATS:
         raise NcfError(f"--out {p}: use a .parquet or .csv file name")
-    if p.exists() or p.is_symlink():
-        if p.is_symlink() or not written_by_ncf(p):
+    if p.is_symlink():  # written through, it would replace a file the user did not name
+        raise NcfError(f"--out {p} is a symbolic link; nothing was changed: give a file name")
+    if p.exists():
+        if not written_by_ncf(p):
             raise NcfError(
                 f"--out {p} already exists and ncf did not write it; nothing was "
                 "changed: give another file name"
