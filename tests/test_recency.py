@@ -85,6 +85,21 @@ def test_prepare_records_each_training_positive_age_by_time(tmp_path: Path) -> N
         assert sorted(ages[users == u].tolist()) == list(range(int((users == u).sum())))
 
 
+def test_positives_at_one_time_are_aged_by_item_id_the_smaller_the_later() -> None:
+    """train_age's tie rule at a size where an unstable sort reorders equal keys: user 0's 300
+    positives share one time, user 1's alternate between two; rows sorted by (user, item). Of
+    equal times the smaller item id counts as the later (age 0 first), on every backend."""
+    from ncfcli.data.split import train_age
+
+    n = 300
+    users = np.repeat(np.arange(2), n)
+    stamps = np.concatenate([np.full(n, 7), np.where(np.arange(n) % 2 == 0, 5, 9)])
+    ages = train_age(users, stamps.astype(np.int64), 2, np)
+    assert ages[:n].tolist() == list(range(n))
+    odd_first = [*range(1, n, 2), *range(0, n, 2)]  # time 9 (odd rows) is the later
+    assert [int(r) for r in np.argsort(ages[n:])] == odd_first
+
+
 def test_random_split_has_no_ages_and_refuses_an_explicit_weight(tmp_path: Path) -> None:
     out = _prepare(tmp_path, EVENTS, "--split", "random")
     assert load_prepared(out, CPU).train_age is None
