@@ -42,26 +42,37 @@ def installed_sample() -> Path | None:
 def convert(sample: Path, out: Path) -> int:
     """Write OUT (user,item,timestamp) from the sample; the rows written. Through a temporary
     name, so a failed run leaves no half-written file."""
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     rows = 0
-    with sample.open(newline="") as f, tmp.open("w", newline="") as g:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            tmp.unlink()
-            sys.exit(f"error: {sample} has no column {', '.join(missing)}: not Instacart's orders")
-        writer = csv.writer(g, lineterminator="\n")
-        writer.writerow(("user", "item", "timestamp"))
-        for r in reader:
-            slot = int(float(r["add_to_cart_order"] or 0))
-            if not 0 <= slot < CART_SLOTS:
-                tmp.unlink()
-                sys.exit(f"error: {sample}: add_to_cart_order {slot} is out of 0..{CART_SLOTS - 1}")
-            stamp = int(float(r["order_number"])) * CART_SLOTS + slot
-            writer.writerow((r["user_id"], r["product_id"], stamp))
-            rows += 1
-    os.replace(tmp, out)
+    try:
+        with sample.open(newline="") as f, tmp.open("w", newline="") as g:
+            reader = csv.DictReader(f)
+            missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise ValueError(f"no column {', '.join(missing)}: not Instacart's orders")
+            writer = csv.writer(g, lineterminator="\n")
+            writer.writerow(("user", "item", "timestamp"))
+            for line, r in enumerate(reader, start=2):
+                slot, order = _number(r["add_to_cart_order"] or "0"), _number(r["order_number"])
+                if slot is None or order is None or not 0 <= slot < CART_SLOTS:
+                    raise ValueError(f"line {line}: not an order number and a cart place")
+                writer.writerow((r["user_id"], r["product_id"], order * CART_SLOTS + slot))
+                rows += 1
+        os.replace(tmp, out)
+    except ValueError as e:
+        sys.exit(f"error: {sample}: {e}")
+    finally:
+        tmp.unlink(missing_ok=True)
     return rows
+
+
+def _number(text: str) -> int | None:
+    """A whole number written as pandas writes it (7, 7.0), else None."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return int(value) if value.is_integer() else None
 
 
 def main() -> None:

@@ -143,4 +143,11 @@ def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:
                           str(bad)], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert res.returncode != 0
     assert len(res.stderr.strip().splitlines()) == 1 and "not Instacart's orders" in res.stderr
-    assert not list(tmp_path.glob("x.csv*"))
+    broken = tmp_path / "broken.csv"
+    broken.write_text(sample.read_text() + "4,14,7,x,0,1.0,9\n")  # an order number that is not
+    res = subprocess.run([sys.executable, str(script), str(tmp_path / "x.csv"), "--sample",
+                          str(broken)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode != 0 and res.stderr.strip().splitlines() == [
+        f"error: {broken}: line 6: not an order number and a cart place"
+    ]
+    assert not [p for p in tmp_path.iterdir() if "x.csv" in p.name]  # no temporary file left
