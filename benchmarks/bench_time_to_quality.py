@@ -66,7 +66,8 @@ def dataset_name(name: str, a: argparse.Namespace) -> str:
 
 def prepare(name: str, work: Path, a: argparse.Namespace) -> Path:
     """The prepared dataset (validation and test split), made once per --work directory."""
-    out = work / f"{dataset_name(name, a)}-ttq"
+    # a csv's own folder: a file named beauty.csv is not the Beauty the bench prepares itself
+    out = work / (f"csv-{dataset_name(name, a)}-ttq" if name == "csv" else f"{name}-ttq")
     if not (out / "meta.json").exists():
         if name == "synthetic":
             source = SYNTHETIC

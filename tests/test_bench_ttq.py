@@ -102,7 +102,7 @@ def test_an_unseen_csv_is_benchmarked_under_its_files_name(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr[-2000:]
     assert "== shop" in res.stdout.splitlines()
     assert any(re.match(r"^shop\s{2,}ncf default\s{2,}", ln) for ln in res.stdout.splitlines())
-    assert (tmp_path / "work" / "shop-ttq" / "meta.json").is_file()
+    assert (tmp_path / "work" / "csv-shop-ttq" / "meta.json").is_file()
     res = _bench_csv("--seeds", "0", "--no-als")
     assert res.returncode != 0
     assert res.stderr.strip().splitlines() == [
