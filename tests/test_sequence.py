@@ -376,6 +376,27 @@ def test_a_window_cut_of_its_leading_pads_gives_the_states_the_whole_one_does(ma
     assert not ModelConfig.from_dict(saved).sequence_mask_pads
 
 
+def test_scoring_runs_each_window_on_its_real_positions_alone() -> None:
+    """Sequence.scoring_states (what score_all, calibrate and an export's state table use)
+    equals user_state on the whole windows, for windows of every length, one of pads alone
+    included; a row's state is the same scored alone; a term that attends its pads (saved
+    before 6 December) keeps the whole window."""
+    torch.manual_seed(6)
+    seq = Sequence(n_items=9, length=6, width=8, blocks=2, dropout=0.0).eval()
+    window = torch.tensor([[9, 9, 9, 9, 9, 9], [9, 9, 9, 9, 9, 4], [9, 9, 9, 1, 2, 3],
+                           [8, 7, 6, 5, 4, 3], [9, 9, 9, 9, 4, 0], [9, 2, 2, 3, 1, 0]])  # fmt: skip
+    with torch.no_grad():
+        want = seq.user_state(window)
+        got = seq.scoring_states(window)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        for r in range(window.shape[0]):
+            torch.testing.assert_close(seq.scoring_states(window[r : r + 1])[0], got[r])
+        old = Sequence(n_items=9, length=6, width=8, blocks=2, dropout=0.0, mask_pads=False)
+        old.eval()
+        assert torch.equal(old.scoring_states(window), old.user_state(window))
+        assert seq.scoring_states(window[:0]).shape == (0, 8)
+
+
 def _lengths_log(tmp_path: Path) -> Any:
     """24 users with 3 to 14 events each (item u + k at time k): histories of many lengths."""
     lines = ["user,item,timestamp"]

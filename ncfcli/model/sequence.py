@@ -193,6 +193,29 @@ class Sequence(nn.Module):
         """window [U, L] -> h [U, width]: the state after the window's last (latest) item."""
         return self.states(window, last=True)[:, -1]
 
+    def scoring_states(self, window: torch.Tensor) -> torch.Tensor:
+        """`user_state` for scoring in eager mode (not traced into a graph, whose shapes must
+        not depend on the data): with `mask_pads` each row runs on its window cut of its leading
+        pads, which gives its real positions the states the whole window does (`states`; the
+        floats may differ in the last bits, another summation order), the rows of each length
+        at once. A row's state depends on its own window alone. Amazon Sports' validation
+        windows are 70% pads: the encoder over them took 0.4 s instead of 1.6 s on one core."""
+        if not self.mask_pads or window.shape[0] == 0:
+            return self.user_state(window)
+        window = window.long()
+        b, n = window.shape
+        # the positions from the row's first real item to its end (a window of pads: all n)
+        width = n - (window != self.pad).int().argmax(dim=1)
+        out: torch.Tensor | None = None
+        for m in torch.unique(width).tolist():  # one host read: at most L lengths
+            rows = (width == m).nonzero()[:, 0]
+            h = self.states(window.index_select(0, rows)[:, n - m :], last=True)[:, -1]
+            if out is None:
+                out = h.new_empty(b, h.shape[1])
+            out[rows] = h
+        assert out is not None
+        return out
+
     def forward(self, items: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """items [B], window [B, L] -> scale * <h, E[item]> [B]."""
         return self.score_states(items, self.user_state(window))
@@ -203,7 +226,7 @@ class Sequence(nn.Module):
 
     def raw_scores(self, window: torch.Tensor, items: torch.Tensor | None = None) -> torch.Tensor:
         """<h, E[i]> before the scale: [U, n_items] (or items [B] -> [U, B], [U, C] -> [U, C])."""
-        return dot_items(self.user_state(window), self.item.weight[: self.pad], items)
+        return dot_items(self.scoring_states(window), self.item.weight[: self.pad], items)
 
     def add_scores(
         self, out: torch.Tensor, window: torch.Tensor, items: torch.Tensor | None = None

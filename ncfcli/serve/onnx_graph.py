@@ -31,13 +31,13 @@ def graph_inputs(session: bool) -> tuple[str, ...]:
 
 def user_states(model: Any, windows: Any) -> Any:
     """The sequence term's state after each window (int64 [U, L]) -> float32 [U, width], in
-    chunks of STATE_USERS (Sequence.user_state; the model in eval mode)."""
+    chunks of STATE_USERS (Sequence.scoring_states; the model in eval mode)."""
     import torch
 
     table = torch.as_tensor(windows, dtype=torch.int64)
     with torch.no_grad():
         parts = [
-            model.sequence.user_state(table[lo : lo + STATE_USERS])
+            model.sequence.scoring_states(table[lo : lo + STATE_USERS])
             for lo in range(0, table.shape[0], STATE_USERS)
         ]
     return torch.cat(parts).float()
