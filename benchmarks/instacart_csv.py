@@ -22,9 +22,10 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib.util
-import os
 import sys
 from pathlib import Path
+
+from ncfcli.fsutil import atomic_path
 
 COLUMNS = ("user_id", "product_id", "order_number", "add_to_cart_order")
 CART_SLOTS = 1000  # add_to_cart_order < this in every row (Instacart's carts hold at most 145)
@@ -41,11 +42,10 @@ def installed_sample() -> Path | None:
 
 def convert(sample: Path, out: Path) -> int:
     """Write OUT (user,item,timestamp) from the sample; the rows written. Through a temporary
-    name, so a failed run leaves no half-written file."""
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    name (fsutil.atomic_path), so a failed run leaves no half-written file."""
     rows = 0
     try:
-        with sample.open(newline="") as f, tmp.open("w", newline="") as g:
+        with atomic_path(out) as tmp, sample.open(newline="") as f, tmp.open("w", newline="") as g:
             reader = csv.DictReader(f)
             missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
@@ -58,11 +58,8 @@ def convert(sample: Path, out: Path) -> int:
                     raise ValueError(f"line {line}: not an order number and a cart place")
                 writer.writerow((r["user_id"], r["product_id"], order * CART_SLOTS + slot))
                 rows += 1
-        os.replace(tmp, out)
     except ValueError as e:
         sys.exit(f"error: {sample}: {e}")
-    finally:
-        tmp.unlink(missing_ok=True)
     return rows
 
 

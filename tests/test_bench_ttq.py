@@ -21,9 +21,9 @@ BENCH = REPO / "benchmarks" / "bench_time_to_quality.py"
 CELL = re.compile(r"^(\d+\.\d+) \((\d+\.\d+)-(\d+\.\d+)\)$")
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+def _bench(*args: str, dataset: str = "synthetic") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(BENCH), "--datasets", "synthetic", *args],
+    return subprocess.run([sys.executable, str(BENCH), "--datasets", dataset, *args],
                           capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
 
 
@@ -97,23 +97,17 @@ def test_an_unseen_csv_is_benchmarked_under_its_files_name(tmp_path: Path) -> No
     rows += [(u, (u * 7 + k * 3) % 150, k) for u in range(60) for k in range(8)]
     log = tmp_path / "shop.csv"
     log.write_text("".join(",".join(map(str, r)) + "\n" for r in rows))
-    res = _bench_csv("--csv", str(log), "--seeds", "0", "--no-als", "--ncf-args", "--epochs 1",
-                     "--work", str(tmp_path / "work"))  # fmt: skip
+    res = _bench("--csv", str(log), "--seeds", "0", "--no-als", "--ncf-args", "--epochs 1",
+                 "--work", str(tmp_path / "work"), dataset="csv")  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert "== shop" in res.stdout.splitlines()
     assert any(re.match(r"^shop\s{2,}ncf default\s{2,}", ln) for ln in res.stdout.splitlines())
     assert (tmp_path / "work" / "csv-shop-ttq" / "meta.json").is_file()
-    res = _bench_csv("--seeds", "0", "--no-als")
+    res = _bench("--seeds", "0", "--no-als", dataset="csv")
     assert res.returncode != 0
     assert res.stderr.strip().splitlines() == [
         "error: --datasets csv needs --csv PATH, a file (got None)"
     ]
-
-
-def _bench_csv(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(BENCH), "--datasets", "csv", *args],
-                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
 
 
 def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:
