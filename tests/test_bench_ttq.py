@@ -145,3 +145,38 @@ def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:
         f"error: {broken}: line 6: not an order number and a cart place"
     ]
     assert not [p for p in tmp_path.iterdir() if "x.csv" in p.name]  # no temporary file left
+
+
+def test_a_line_per_user_log_becomes_user_item_timestamp(tmp_path: Path) -> None:
+    """benchmarks/sequences_csv.py: each item's time is its place in its user's line (blank
+    lines skipped); a token that is not a whole number, or a user's second line, is one error
+    line naming the line, and nothing is written."""
+    source = tmp_path / "Toys.txt"
+    source.write_text("1 5 3 5\n\n2 7\n10 1 2 3\n")
+    out = tmp_path / "toys.csv"
+    script = REPO / "benchmarks" / "sequences_csv.py"
+
+    def convert(src: Path, dst: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), str(src), str(dst)],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    res = convert(source, out)
+    assert res.returncode == 0, res.stderr
+    assert out.read_text().splitlines() == [
+        "user,item,timestamp", "1,5,0", "1,3,1", "1,5,2", "2,7,0", "10,1,0", "10,2,1", "10,3,2",
+    ]  # fmt: skip
+    assert res.stdout.strip() == f"{out}: 7 rows of 3 users from {source}"
+    for text, why in (
+        ("1 5 3\n2 x 4\n", "line 2: not a user id and item ids (whole numbers)"),
+        ("1 5 3\n\n1 4\n", "line 3: user 1 has a line already"),
+        ("1 5 -3\n", "line 1: not a user id and item ids (whole numbers)"),
+    ):
+        bad = tmp_path / "bad.txt"
+        bad.write_text(text)
+        res = convert(bad, tmp_path / "x.csv")
+        assert res.returncode != 0
+        assert res.stderr.strip().splitlines() == [f"error: {bad}: {why}"]
+        assert not [p for p in tmp_path.iterdir() if "x.csv" in p.name]  # no temporary file left
+    res = convert(tmp_path / "missing.txt", tmp_path / "x.csv")
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.txt'}: no such file"]
