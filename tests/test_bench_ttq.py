@@ -29,18 +29,27 @@ def _bench(*args: str, dataset: str = "synthetic") -> subprocess.CompletedProces
 
 @pytest.mark.slow
 def test_the_table_carries_each_models_test_figures(tmp_path: Path) -> None:
-    """One seed: a row for the default and one for ALS at the given point, each cell a median
-    (min-max) that is one run's figure, the default's being `ncf eval`'s of the run it trained
-    (best.pt, sampled and full ranking), in the header's order."""
-    res = _bench("--seeds", "0", "--als", "16,3,1,5", "--ncf-args", "--epochs 2",
-                 "--work", str(tmp_path))  # fmt: skip
+    """One seed: a row for the default, one for ALS at the given point and one at the point
+    given for full ranking, each cell a median (min-max) that is one run's figure, the
+    default's being `ncf eval`'s of the run it trained (best.pt, sampled and full ranking), in
+    the header's order; the lead line is the default's sampled HR@10 less ALS's first row's, and
+    its full HR@10 less the full-ranking row's."""
+    res = _bench("--seeds", "0", "--als", "16,3,1,5", "--als-full", "8,3,1,5", "--ncf-args",
+                 "--epochs 2", "--work", str(tmp_path))  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     head = lines.index(next(ln for ln in lines if ln.startswith("dataset")))
     assert re.split(r"\s{2,}", lines[head]) == ["dataset", "model", "wall s", "HR@10", "NDCG@10",
                                                 "full HR@10", "full NDCG@10"]  # fmt: skip
-    rows = [re.split(r"\s{2,}", ln) for ln in lines[head + 1 : head + 3]]
-    assert [r[:2] for r in rows] == [["synthetic", "ncf default"], ["synthetic", "als 16,3,1,5"]]
+    rows = [re.split(r"\s{2,}", ln) for ln in lines[head + 1 : head + 4]]
+    assert [r[:2] for r in rows] == [["synthetic", "ncf default"], ["synthetic", "als 16,3,1,5"],
+                                     ["synthetic", "als 8,3,1,5 (full)"]]  # fmt: skip
+    (line,) = [ln for ln in lines if ln.startswith("lead over tuned ALS synthetic: ")]
+    sampled, full = (float(x) for x in re.findall(r"HR@10 ([+-]\d\.\d{4})", line))
+    figure = [[float(c.split()[0]) for c in r[3:]] for r in rows]
+    assert sampled == pytest.approx(figure[0][0] - figure[1][0], abs=2e-4)
+    assert full == pytest.approx(figure[0][2] - figure[2][2], abs=2e-4)
+    assert line.endswith(("met (>= 0.02 each)", "MISSED (>= 0.02 each)"))
     for row in rows:
         assert len(row) == 7
         for value in row[2:]:
@@ -108,6 +117,8 @@ def test_an_unseen_csv_is_benchmarked_under_its_files_name(tmp_path: Path) -> No
     assert res.stderr.strip().splitlines() == [
         "error: --datasets csv needs --csv PATH, a file (got None)"
     ]
+    res = _bench("--als-full", "8,3,1,5")  # a full-ranking point needs the other one given
+    assert res.returncode == 2 and "--als-full needs --als" in res.stderr
 
 
 def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:

@@ -101,6 +101,49 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
     assert best == (64, 30.0, 5.0, 15) and len(fitted) == 1
 
 
+def test_als_is_tuned_for_each_protocol_from_one_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tune_als_for with two criteria: the sum of sampled and full HR@10 peaks inside the grid
+    (64 factors), full HR@10 alone at 512 factors, past the grid's 256: each gets its own best
+    point, the search widens towards the full-ranking peak alone, and no point is fitted twice."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_accuracy
+
+    fitted: list[tuple[int, float, float]] = []
+
+    def fake_ncf_json(*args: str) -> dict:
+        flags = dict(zip(args[2::2], args[3::2], strict=False))
+        fitted.append(
+            (int(flags["--factors"]), float(flags["--als-reg"]), float(flags["--als-alpha"]))
+        )
+        return {}
+
+    def fake_metrics(run: Path, split: str = "test", *rest: object) -> dict[str, float]:
+        f, reg, alpha = fitted[-1]
+        off = abs(math.log10(reg / 30)) + abs(math.log2(alpha / 5))
+        sampled = 0.5 - 0.05 * abs(math.log2(f / 64)) - 0.01 * off
+        full = 0.05 - 0.002 * abs(math.log2(f / 512)) - 0.001 * off
+        return {"sampled hr@10": sampled, "full hr@10": full}
+
+    monkeypatch.setattr(bench_accuracy, "ncf_json", fake_ncf_json)
+    monkeypatch.setattr(bench_accuracy, "held_out_metrics", fake_metrics)
+    grid = [
+        (f, reg, a, 15)
+        for f in (16, 64, 256)
+        for reg in (3.0, 30.0, 300.0)
+        for a in (1.0, 5.0, 20.0)
+    ]
+    found = bench_accuracy.tune_als_for(tmp_path / "data", tmp_path, grid,
+                                        (bench_accuracy.SAMPLED_AND_FULL,
+                                         bench_accuracy.FULL_RANKING))  # fmt: skip
+    assert [point for point, _ in found] == [(64, 30.0, 5.0, 15), (512, 30.0, 5.0, 15)]
+    assert fitted[len(grid) :] == [(512, 30.0, 5.0), (1024, 30.0, 5.0)]
+    assert len(fitted) == len(set(fitted))
+    assert found[0][1] != found[1][1] and found[1][1].name.startswith("als-data-512-30.0-5.0-15-")
+    assert bench_accuracy.tune_als(tmp_path / "data", tmp_path, grid)[0] == (64, 30.0, 5.0, 15)
+
+
 def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
     tmp_path: Path,
 ) -> None:
