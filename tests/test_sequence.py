@@ -159,17 +159,17 @@ def test_the_loss_by_hand_and_its_share_over_ranks() -> None:
             cands = [y] + [int(n) for n in negatives if int(n) != y]
             logits = torch.stack([h @ table[c] for c in cands])
             terms.append(-torch.log_softmax(logits, 0)[0])
-    by_hand = torch.stack(terms).mean()
+    by_hand = torch.stack(terms).mean().detach()
     assert len(terms) == 8
     assert float(seq.loss(seqs, negatives).detach()) == pytest.approx(float(by_hand), rel=1e-5)
     # Two ranks, each its users' sum x 2 / the step's 8 next items: DDP's mean of the two is
     # the whole step's loss (and so its gradient), whatever each rank holds.
     halves = [seq.loss(seqs[:1], negatives, 8, 2), seq.loss(seqs[1:], negatives, 8, 2)]
-    assert float(sum(halves) / 2) == pytest.approx(float(by_hand), rel=1e-5)
+    assert float((sum(halves) / 2).detach()) == pytest.approx(float(by_hand), rel=1e-5)
     # A rank with no user this step still reaches every parameter, with zeros.
     empty = seq.loss(seqs[:0], negatives, 8, 2)
     empty.backward()
-    assert float(empty) == 0.0 and all(p.grad is not None for p in seq.parameters())
+    assert float(empty.detach()) == 0.0 and all(p.grad is not None for p in seq.parameters())
     assert float(seq.item.weight.grad.abs().sum()) == 0.0
 
 
@@ -180,7 +180,7 @@ def test_the_pad_row_stays_zero_through_training() -> None:
         opt.zero_grad()
         seq.loss(torch.tensor([[6, 1, 2, 3], [6, 6, 4, 0]]), torch.tensor([0, 5])).backward()
         opt.step()
-    assert float(seq.item.weight[6].abs().sum()) == 0.0
+    assert float(seq.item.weight[6].detach().abs().sum()) == 0.0
 
 
 def test_sequence_batches_visit_every_user_once_an_epoch_at_any_world_size(
