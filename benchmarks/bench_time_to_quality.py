@@ -432,7 +432,7 @@ def main() -> None:
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     p.add_argument("--beauty", help="Amazon Beauty's beauty.csv (user,item,timestamp)")
-    p.add_argument("--csv", help="--datasets csv: a log `ncf prepare` reads (no target applies)")
+    p.add_argument("--csv", help="--datasets csv: a log `ncf prepare` reads (the lead applies)")
     a = p.parse_args()
     if a.als_full and not a.als:
         p.error("--als-full needs --als (without them, one search finds both points)")
