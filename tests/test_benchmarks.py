@@ -15,7 +15,9 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,12 +68,11 @@ def test_the_ncf_cache_then_data_are_used(tmp_path: Path) -> None:
     assert res.returncode == 2 and "no such file" in res.stderr
 
 
-def test_the_als_search_walks_off_the_edge_of_its_grid(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """bench_accuracy's ALS baseline is not left at a corner of its grid: with validation
-    scores that peak at 16 factors (below the grid's 64 and 256), the search steps outwards
-    (32, 16, 8) until the best is interior, and a single given point is not widened."""
+def _fake_als_fits(
+    monkeypatch: pytest.MonkeyPatch, figures: Callable[[int, float, float], dict[str, float]]
+) -> tuple[Any, list[tuple[int, float, float]]]:
+    """bench_accuracy with `ncf train --model als` and its scoring faked: each fit is recorded
+    as (factors, reg, alpha), and its validation figures are figures(factors, reg, alpha)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_accuracy
 
@@ -85,12 +86,25 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
         return {}
 
     def fake_metrics(run: Path, split: str = "test", *rest: object) -> dict[str, float]:
-        f, reg, alpha = fitted[-1]
-        score = -abs(math.log2(f / 16)) - abs(math.log10(reg / 30)) - abs(math.log2(alpha / 2.5))
-        return {"sampled hr@10": 0.5 + 0.01 * score, "full hr@10": 0.1}
+        return figures(*fitted[-1])
 
     monkeypatch.setattr(bench_accuracy, "ncf_json", fake_ncf_json)
     monkeypatch.setattr(bench_accuracy, "held_out_metrics", fake_metrics)
+    return bench_accuracy, fitted
+
+
+def test_the_als_search_walks_off_the_edge_of_its_grid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench_accuracy's ALS baseline is not left at a corner of its grid: with validation
+    scores that peak at 16 factors (below the grid's 64 and 256), the search steps outwards
+    (32, 16, 8) until the best is interior, and a single given point is not widened."""
+
+    def figures(f: int, reg: float, alpha: float) -> dict[str, float]:
+        score = -abs(math.log2(f / 16)) - abs(math.log10(reg / 30)) - abs(math.log2(alpha / 2.5))
+        return {"sampled hr@10": 0.5 + 0.01 * score, "full hr@10": 0.1}
+
+    bench_accuracy, fitted = _fake_als_fits(monkeypatch, figures)
     grid = [(f, reg, a, 15) for f in (64, 256) for reg in (3.0, 30.0) for a in (1.0, 5.0, 20.0)]
     best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, grid)
     assert best == (16, 30.0, 5.0, 15)
@@ -107,27 +121,14 @@ def test_als_is_tuned_for_each_protocol_from_one_search(
     """tune_als_for with two criteria: the sum of sampled and full HR@10 peaks inside the grid
     (64 factors), full HR@10 alone at 512 factors, past the grid's 256: each gets its own best
     point, the search widens towards the full-ranking peak alone, and no point is fitted twice."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import bench_accuracy
 
-    fitted: list[tuple[int, float, float]] = []
-
-    def fake_ncf_json(*args: str) -> dict:
-        flags = dict(zip(args[2::2], args[3::2], strict=False))
-        fitted.append(
-            (int(flags["--factors"]), float(flags["--als-reg"]), float(flags["--als-alpha"]))
-        )
-        return {}
-
-    def fake_metrics(run: Path, split: str = "test", *rest: object) -> dict[str, float]:
-        f, reg, alpha = fitted[-1]
+    def figures(f: int, reg: float, alpha: float) -> dict[str, float]:
         off = abs(math.log10(reg / 30)) + abs(math.log2(alpha / 5))
         sampled = 0.5 - 0.05 * abs(math.log2(f / 64)) - 0.01 * off
         full = 0.05 - 0.002 * abs(math.log2(f / 512)) - 0.001 * off
         return {"sampled hr@10": sampled, "full hr@10": full}
 
-    monkeypatch.setattr(bench_accuracy, "ncf_json", fake_ncf_json)
-    monkeypatch.setattr(bench_accuracy, "held_out_metrics", fake_metrics)
+    bench_accuracy, fitted = _fake_als_fits(monkeypatch, figures)
     grid = [
         (f, reg, a, 15)
         for f in (16, 64, 256)
