@@ -31,23 +31,32 @@ def convert(source: Path, out: Path) -> tuple[int, int]:
     users: set[str] = set()
     rows = 0
     try:
-        with atomic_path(out) as tmp, source.open() as f, tmp.open("w") as g:
-            g.write("user,item,timestamp\n")
-            for line_no, line in enumerate(f, start=1):
-                ids = line.split()
-                if not ids:
-                    continue
-                if not all(i.isascii() and i.isdigit() for i in ids):
-                    raise ValueError(f"line {line_no}: not a user id and item ids (whole numbers)")
-                if ids[0] in users:
-                    raise ValueError(f"line {line_no}: user {ids[0]} has a line already")
-                users.add(ids[0])
-                g.writelines(f"{ids[0]},{item},{t}\n" for t, item in enumerate(ids[1:]))
-                rows += len(ids) - 1
-    except ValueError as e:
-        sys.exit(f"error: {source}: {e}")
-    except UnicodeDecodeError:
-        sys.exit(f"error: {source}: not a text file")
+        f = source.open()
+    except OSError as e:
+        sys.exit(f"error: {source}: {e.strerror}")
+    with f:
+        try:
+            with atomic_path(out) as tmp, tmp.open("w") as g:
+                g.write("user,item,timestamp\n")
+                for line_no, line in enumerate(f, start=1):
+                    ids = line.split()
+                    if not ids:
+                        continue
+                    if not all(i.isascii() and i.isdigit() for i in ids):
+                        raise ValueError(
+                            f"line {line_no}: not a user id and item ids (whole numbers)"
+                        )
+                    if ids[0] in users:
+                        raise ValueError(f"line {line_no}: user {ids[0]} has a line already")
+                    users.add(ids[0])
+                    g.writelines(f"{ids[0]},{item},{t}\n" for t, item in enumerate(ids[1:]))
+                    rows += len(ids) - 1
+        except UnicodeDecodeError:  # a ValueError too: before it
+            sys.exit(f"error: {source}: not a text file")
+        except ValueError as e:
+            sys.exit(f"error: {source}: {e}")
+        except OSError as e:
+            sys.exit(f"error: cannot write {out}: {e.strerror}")
     return len(users), rows
 
 
@@ -57,7 +66,7 @@ def main() -> None:
     p.add_argument("out", type=Path, help="the CSV to write (user,item,timestamp)")
     a = p.parse_args()
     if not a.source.is_file():
-        sys.exit(f"error: {a.source}: no such file")
+        sys.exit(f"error: {a.source}: {'not a file' if a.source.exists() else 'no such file'}")
     users, rows = convert(a.source, a.out)
     print(f"{a.out}: {rows} rows of {users} users from {a.source}")
 

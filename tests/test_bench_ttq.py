@@ -191,3 +191,12 @@ def test_a_line_per_user_log_becomes_user_item_timestamp(tmp_path: Path) -> None
     res = convert(tmp_path / "missing.txt", tmp_path / "x.csv")
     assert res.returncode != 0
     assert res.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.txt'}: no such file"]
+    binary = tmp_path / "toys.bin"
+    binary.write_bytes(b"1 2\n\xff\xfe 3\n")
+    res = convert(binary, tmp_path / "x.csv")
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines() == [f"error: {binary}: not a text file"]
+    res = convert(source, tmp_path / "no-folder" / "x.csv")
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith(f"error: cannot write {tmp_path / 'no-folder' / 'x.csv'}: ")
+    assert not [p for p in tmp_path.iterdir() if "x.csv" in p.name]  # no temporary file left
