@@ -107,6 +107,12 @@ def subsample(u_data: Path, out: Path) -> Path:
     return out
 
 
+def parse_point(text: str) -> tuple[int, float, float, int]:
+    """ALS's point from "factors,reg,alpha,iterations"."""
+    f, reg, alpha, it = (float(x) for x in text.split(","))
+    return int(f), reg, alpha, int(it)
+
+
 def fit_als(
     data: Path, work: Path, point: tuple[int, float, float, int], extra: tuple[str, ...] = ()
 ) -> Path:
@@ -239,8 +245,7 @@ def main() -> None:
             print(f"== {name}", flush=True)
             als = None
             if not a.no_als:
-                given = [tuple(float(x) for x in a.als.split(","))] if a.als else ALS_GRID
-                grid = [(int(g[0]), g[1], g[2], int(g[3])) for g in given]
+                grid = [parse_point(a.als)] if a.als else ALS_GRID
                 params, als_run = tune_als(data, work, grid)
                 als = held_out_metrics(als_run)
                 print(f"ALS {params} (chosen on validation), test: "

@@ -61,6 +61,7 @@ from bench_accuracy import (
     SAMPLED_AND_FULL,
     fit_als,
     held_out_metrics,
+    parse_point,
     tune_als_for,
 )
 
@@ -148,12 +149,6 @@ def judge(name: str, runs: list[dict[str, float]]) -> bool:
           f"{full:g}: {'met' if ok else 'MISSED'} (medians {med['wall']:.1f} s, "
           f"{med['sampled hr@10']:.4f}, {med['full hr@10']:.4f})")  # fmt: skip
     return ok
-
-
-def parse_point(text: str) -> tuple[int, float, float, int]:
-    """ALS's point from "factors,reg,alpha,iterations"."""
-    f, reg, alpha, it = (float(x) for x in text.split(","))
-    return int(f), reg, alpha, int(it)
 
 
 def als_points(

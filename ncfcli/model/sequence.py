@@ -190,7 +190,7 @@ class Sequence(nn.Module):
         return self.norm(h)
 
     def user_state(self, window: torch.Tensor) -> torch.Tensor:
-        """window [U, L] -> h [U, width]: the state after the window's last (latest) item."""
+        """window [U, m], m <= L (states) -> h [U, width]: the state after its last (latest) item."""
         return self.states(window, last=True)[:, -1]
 
     def scoring_states(self, window: torch.Tensor) -> torch.Tensor:
@@ -209,7 +209,7 @@ class Sequence(nn.Module):
         out: torch.Tensor | None = None
         for m in torch.unique(width).tolist():  # one host read: at most L lengths
             rows = (width == m).nonzero()[:, 0]
-            h = self.states(window.index_select(0, rows)[:, n - m :], last=True)[:, -1]
+            h = self.user_state(window.index_select(0, rows)[:, n - m :])
             if out is None:
                 out = h.new_empty(b, h.shape[1])
             out[rows] = h
