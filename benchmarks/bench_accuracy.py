@@ -108,8 +108,14 @@ def subsample(u_data: Path, out: Path) -> Path:
 
 
 def parse_point(text: str) -> tuple[int, float, float, int]:
-    """ALS's point from "factors,reg,alpha,iterations"."""
-    f, reg, alpha, it = (float(x) for x in text.split(","))
+    """ALS's point from "factors,reg,alpha,iterations" (an argparse type: a bad one is one
+    usage line)."""
+    try:
+        f, reg, alpha, it = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not factors,reg,alpha,iterations (four numbers)"
+        ) from None
     return int(f), reg, alpha, int(it)
 
 
@@ -229,7 +235,7 @@ def main() -> None:
     p.add_argument("--ncf-args", default="", help="extra `ncf train` flags (default: none)")
     p.add_argument("--margin", type=float, default=0.02)
     p.add_argument("--no-als", action="store_true", help="NCF only (tuning runs)")
-    p.add_argument("--als", help="skip the grid: factors,reg,alpha,iterations")
+    p.add_argument("--als", type=parse_point, help="skip the grid: factors,reg,alpha,iterations")
     p.add_argument("--work", help="keep prepared data and runs here (default: a temp dir)")
     p.add_argument("--data", help="MovieLens-100K: u.data, its folder or ml-100k.zip")
     p.add_argument("--refit", action="store_true",
@@ -245,7 +251,7 @@ def main() -> None:
             print(f"== {name}", flush=True)
             als = None
             if not a.no_als:
-                grid = [parse_point(a.als)] if a.als else ALS_GRID
+                grid = [a.als] if a.als else ALS_GRID
                 params, als_run = tune_als(data, work, grid)
                 als = held_out_metrics(als_run)
                 print(f"ALS {params} (chosen on validation), test: "

@@ -158,7 +158,7 @@ def als_points(
     (as bench_accuracy tunes it) and the best full HR@10 alone, from one search over ALS_GRID
     (widened off its edges for either); --als (and --als-full) skip the search."""
     if a.als:
-        return [parse_point(a.als), parse_point(a.als_full or a.als)]
+        return [a.als, a.als_full or a.als]
     found = tune_als_for(data, work, ALS_GRID, (SAMPLED_AND_FULL, FULL_RANKING))
     points = [point for point, _ in found]
     print(f"  als {points[0]} chosen on validation (sampled + full HR@10), {points[1]} for full "
@@ -416,8 +416,14 @@ def main() -> None:
                    choices=["ml-100k", "beauty", "csv", "synthetic"])  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--ncf-args", default="", help="extra `ncf train` flags (default: none)")
-    p.add_argument("--als", help="skip ALS's search: factors,reg,alpha,iterations")
-    p.add_argument("--als-full", help="with --als: ALS's point for full ranking (default: --als)")
+    p.add_argument(
+        "--als", type=parse_point, help="skip ALS's search: factors,reg,alpha,iterations"
+    )
+    p.add_argument(
+        "--als-full",
+        type=parse_point,
+        help="with --als: ALS's point for full ranking (default: --als)",
+    )
     p.add_argument("--no-als", action="store_true", help="the default only")
     p.add_argument("--profile", type=int, metavar="EPOCHS",
                    help="instead: where EPOCHS epochs of the default's time go")  # fmt: skip

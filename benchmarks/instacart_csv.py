@@ -84,4 +84,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the CSV goes through a temporary name: none is left
+        sys.exit("interrupted: nothing was written; run the same command again")

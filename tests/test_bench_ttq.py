@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,11 @@ def test_an_unseen_csv_is_benchmarked_under_its_files_name(tmp_path: Path) -> No
     ]
     res = _bench("--als-full", "8,3,1,5")  # a full-ranking point needs the other one given
     assert res.returncode == 2 and "--als-full needs --als" in res.stderr
+    res = _bench("--als", "16,3,1,5", "--als-full", "8,3", "--work", str(tmp_path / "bad"))
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].endswith(
+        "error: argument --als-full: '8,3' is not factors,reg,alpha,iterations (four numbers)"
+    )
+    assert not (tmp_path / "bad").exists()
 
 
 def test_instacarts_orders_become_user_item_timestamp(tmp_path: Path) -> None:
@@ -200,3 +207,26 @@ def test_a_line_per_user_log_becomes_user_item_timestamp(tmp_path: Path) -> None
     assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1
     assert res.stderr.startswith(f"error: cannot write {tmp_path / 'no-folder' / 'x.csv'}: ")
     assert not [p for p in tmp_path.iterdir() if "x.csv" in p.name]  # no temporary file left
+
+
+def test_ctrl_c_in_a_conversion_leaves_nothing(tmp_path: Path) -> None:
+    """benchmarks/sequences_csv.py interrupted while it writes: one line saying nothing was
+    written and how to go on, no traceback, and neither the CSV nor its temporary file left."""
+    source = tmp_path / "big.txt"
+    with source.open("w") as f:
+        f.writelines(f"{u} " + " ".join(str((u * 7 + k) % 5000) for k in range(30)) + "\n"
+                     for u in range(300_000))  # fmt: skip
+    out = tmp_path / "out" / "big.csv"
+    out.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sequences_csv.py"),
+                             str(source), str(out)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any(out.parent.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until its temporary file is being written
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip().splitlines() == [
+        "interrupted: nothing was written; run the same command again"
+    ]
+    assert list(out.parent.iterdir()) == []
