@@ -8,6 +8,7 @@ place in the user's sequence (0, 1, ...), so `ncf prepare`'s time split keeps th
 order: ../shared/data/beauty/beauty.csv and sports.csv were made this way. Two of these logs
 chose nothing in ncf's defaults and check them (docs/training-defaults.md, "More unseen logs"):
 
+    git clone https://github.com/salesforce/ICLRec
     git -C ICLRec show HEAD:data/Toys_and_Games.txt > /tmp/Toys_and_Games.txt
     python benchmarks/sequences_csv.py /tmp/Toys_and_Games.txt /tmp/toys.csv
     python benchmarks/bench_time_to_quality.py --datasets csv --csv /tmp/toys.csv
