@@ -69,19 +69,25 @@ def test_the_ncf_cache_then_data_are_used(tmp_path: Path) -> None:
 
 
 def _fake_als_fits(
-    monkeypatch: pytest.MonkeyPatch, figures: Callable[[int, float, float], dict[str, float]]
-) -> tuple[Any, list[tuple[int, float, float]]]:
+    monkeypatch: pytest.MonkeyPatch,
+    figures: Callable[[int, float, float, int], dict[str, float]],
+) -> tuple[Any, list[tuple[int, float, float, int]]]:
     """bench_accuracy with `ncf train --model als` and its scoring faked: each fit is recorded
-    as (factors, reg, alpha), and its validation figures are figures(factors, reg, alpha)."""
+    as (factors, reg, alpha, iterations), and its validation figures are figures(that point)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_accuracy
 
-    fitted: list[tuple[int, float, float]] = []
+    fitted: list[tuple[int, float, float, int]] = []
 
     def fake_ncf_json(*args: str) -> dict:
         flags = dict(zip(args[2::2], args[3::2], strict=False))
         fitted.append(
-            (int(flags["--factors"]), float(flags["--als-reg"]), float(flags["--als-alpha"]))
+            (
+                int(flags["--factors"]),
+                float(flags["--als-reg"]),
+                float(flags["--als-alpha"]),
+                int(flags["--als-iterations"]),
+            )
         )
         return {}
 
@@ -100,7 +106,7 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
     scores that peak at 16 factors (below the grid's 64 and 256), the search steps outwards
     (32, 16, 8) until the best is interior, and a single given point is not widened."""
 
-    def figures(f: int, reg: float, alpha: float) -> dict[str, float]:
+    def figures(f: int, reg: float, alpha: float, it: int) -> dict[str, float]:
         score = -abs(math.log2(f / 16)) - abs(math.log10(reg / 30)) - abs(math.log2(alpha / 2.5))
         return {"sampled hr@10": 0.5 + 0.01 * score, "full hr@10": 0.1}
 
@@ -108,7 +114,8 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
     grid = [(f, reg, a, 15) for f in (64, 256) for reg in (3.0, 30.0) for a in (1.0, 5.0, 20.0)]
     best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, grid)
     assert best == (16, 30.0, 5.0, 15)
-    assert (32, 30.0, 5.0) in fitted and (16, 30.0, 5.0) in fitted and (8, 30.0, 5.0) in fitted
+    assert {(32, 30.0, 5.0, 15), (16, 30.0, 5.0, 15), (8, 30.0, 5.0, 15)} <= set(fitted)
+    assert fitted[-1] == (16, 30.0, 5.0, 30)  # twice the iterations, no better: the search ends
     assert len(fitted) == len(set(fitted))  # no point fitted twice
     fitted.clear()
     best, _ = bench_accuracy.tune_als(tmp_path / "data", tmp_path, [(64, 30.0, 5.0, 15)])
@@ -122,7 +129,7 @@ def test_als_is_tuned_for_each_protocol_from_one_search(
     (64 factors), full HR@10 alone at 512 factors, past the grid's 256: each gets its own best
     point, the search widens towards the full-ranking peak alone, and no point is fitted twice."""
 
-    def figures(f: int, reg: float, alpha: float) -> dict[str, float]:
+    def figures(f: int, reg: float, alpha: float, it: int) -> dict[str, float]:
         off = abs(math.log10(reg / 30)) + abs(math.log2(alpha / 5))
         sampled = 0.5 - 0.05 * abs(math.log2(f / 64)) - 0.01 * off
         full = 0.05 - 0.002 * abs(math.log2(f / 512)) - 0.001 * off
@@ -139,10 +146,45 @@ def test_als_is_tuned_for_each_protocol_from_one_search(
                                         (bench_accuracy.SAMPLED_AND_FULL,
                                          bench_accuracy.FULL_RANKING))  # fmt: skip
     assert [point for point, _ in found] == [(64, 30.0, 5.0, 15), (512, 30.0, 5.0, 15)]
-    assert fitted[len(grid) :] == [(512, 30.0, 5.0), (1024, 30.0, 5.0)]
+    assert fitted[len(grid) :] == [
+        (512, 30.0, 5.0, 15),
+        (1024, 30.0, 5.0, 15),
+        (64, 30.0, 5.0, 30),
+        (512, 30.0, 5.0, 30),
+    ]
     assert len(fitted) == len(set(fitted))
     assert found[0][1] != found[1][1] and found[1][1].name.startswith("als-data-512-30.0-5.0-15-")
     assert bench_accuracy.tune_als(tmp_path / "data", tmp_path, grid)[0] == (64, 30.0, 5.0, 15)
+
+
+def test_the_als_search_doubles_iterations_while_they_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the grid, each criterion's best point is refitted with twice the iterations while
+    that improves its validation figure, up to MAX_ITERATIONS: sampled HR@10 rising to 60
+    iterations is followed there (15 -> 30 -> 60, then the cap), full HR@10 peaking at 30
+    stops after 60 is no better; the chosen points carry their iterations."""
+
+    def figures(f: int, reg: float, alpha: float, it: int) -> dict[str, float]:
+        off = abs(math.log2(f / 64)) + abs(math.log10(reg / 30)) + abs(math.log2(alpha / 5))
+        full_it = {15: 0.0, 30: 0.004, 60: 0.002}[it]
+        sampled = 0.5 - 0.01 * off + 0.001 * it
+        return {"sampled hr@10": sampled, "full hr@10": 0.05 - 0.001 * off + full_it}
+
+    bench_accuracy, fitted = _fake_als_fits(monkeypatch, figures)
+    grid = [
+        (f, reg, a, 15)
+        for f in (16, 64, 256)
+        for reg in (3.0, 30.0, 300.0)
+        for a in (1.0, 5.0, 20.0)
+    ]
+    found = bench_accuracy.tune_als_for(tmp_path / "data", tmp_path, grid,
+                                        (bench_accuracy.SAMPLED_AND_FULL,
+                                         bench_accuracy.FULL_RANKING))  # fmt: skip
+    assert fitted[len(grid) :] == [(64, 30.0, 5.0, 30), (64, 30.0, 5.0, 60)]
+    assert [point for point, _ in found] == [(64, 30.0, 5.0, 60), (64, 30.0, 5.0, 30)]
+    assert found[1][1].name.startswith("als-data-64-30.0-5.0-30-")
+    assert bench_accuracy.MAX_ITERATIONS == 60  # 120 is never fitted
 
 
 def test_bench_tune_reports_both_searches_and_rereads_them_without_training(
@@ -326,3 +368,36 @@ def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
     assert none.stderr.strip().splitlines()[-1] == (
         "error: the run has no sequence term: pass --sequence-length N"
     )
+
+
+@pytest.mark.slow
+def test_bench_race_checks_the_races_choice_against_the_whole_log(tmp_path: Path) -> None:
+    """bench_race.py on a tiny log without time order: the race's line (its figures and the
+    column it chose), each column's whole-log line, and a verdict that names the column whose
+    whole-log validation figure is higher; a folder that is not a prepared dataset is one
+    line, exit 1, before anything trains."""
+    from tests._cli import ncf_prepare
+
+    data = tmp_path / "random"
+    res = ncf_prepare("synthetic", "--users", 300, "--items", 120, "--interactions", 6000,
+                      "--split", "random", "--eval-negatives", 50, "--out", data)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_race.py"), str(data), "--work",
+           str(tmp_path / "work")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode in (0, 1), run.stderr[-2000:]
+    out = run.stdout
+    chose = re.search(r"; chose (ml-100k|ml-1m)\n", out)
+    figures = {
+        m[1]: float(m[2])
+        for m in re.finditer(r"whole log, (ml-100k|ml-1m): .*?HR@10 ([0-9.]+)", out)
+    }
+    assert chose is not None and set(figures) == {"ml-100k", "ml-1m"}, out
+    best = max(figures, key=lambda r: figures[r])
+    same = chose[1] == best or figures["ml-100k"] == figures["ml-1m"]
+    assert ("the race chose the same column" in out) == same, out
+    assert out.rstrip().splitlines()[-1].startswith("at the end: ")
+    assert (run.returncode == 0) == (" ok\n" in out)
+    bad = subprocess.run([*cmd[:2], str(tmp_path)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("run `ncf prepare` first")
