@@ -124,13 +124,25 @@ def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -
     assert {got[k][0].model for k in got} == {"neumf"}  # the second column's, whatever the probe
 
 
-def test_recipe_auto_lets_the_validation_probe_choose_the_column(tmp_path: Path) -> None:
+def test_recipe_auto_lets_the_validation_probe_choose_the_column(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`--recipe auto` (the default): in the second column's size range a sequential log (the
     probe finds time) trains the first column's recipe, MF with the order and sequence terms
-    and 32 negatives; the same log at shuffled times keeps the size's column. The first and
-    the last column's sizes keep theirs; a column named is used as named."""
+    and 32 negatives; the same log at shuffled times (no time signal) trains the race's
+    winner (race.py; faked here: the second column), the note saying both. The first and the
+    last column's sizes keep theirs; a column named is used as named."""
+    from ncfcli.training import race
     from ncfcli.training.defaults import RECIPES, column_defaults
 
+    won = race.Race(1, (0.25, 0.5), 300, 3_000, 2.0, "hr@10")
+    raced: list[str] = []
+
+    def fake_race(cfg: Any, *args: Any) -> race.Race:
+        raced.append(cfg.model)
+        return won
+
+    monkeypatch.setattr(race, "race_columns", fake_race)
     first, second = column_defaults(0, 600_000), column_defaults(1, 600_000)
     got = _resolved(tmp_path, 600_000, [{}, {"recipe": "ml-20m"}, {"model": "gmf"}])
     timed, untimed = got[(True, 0)], got[(False, 0)]
@@ -141,8 +153,9 @@ def test_recipe_auto_lets_the_validation_probe_choose_the_column(tmp_path: Path)
     assert timed[0].recency_weight == first["recency_weight"] > 0
     assert untimed[0].recipe == RECIPES[1] and not untimed[1]
     assert untimed[2] == "600,000 training positives; validation probe: z " + (
-        f"{_z(tmp_path)}, no time signal"
+        f"{_z(tmp_path)}, no time signal; {won.note()}"
     )
+    assert raced == [None]  # the shuffled log with no flag; --model gmf names a kind: no race
     assert (untimed[0].model, untimed[0].neg_per_pos) == (second["model"], second["neg_per_pos"])
     assert untimed[0].sequence_length == 0 and untimed[0].recency_weight == 0
     # A column named: that column, no note; --model given keeps the probe's column, its kind.
@@ -220,12 +233,15 @@ def test_a_recipe_named_trains_its_column_and_the_run_says_how_it_was_chosen(
 def test_the_tunes_first_trial_is_the_auto_recipes_column(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`ncf tune`'s first trial is `ncf train`'s default: in the second column's size range
+    """`ncf tune`'s first trials are `ncf train`'s default: in the second column's size range
     (the first column's bound lowered under the hand-made logs' size), the first column's MF
-    where the probe finds a time signal, the second column's NeuMF where it finds none."""
+    where the probe finds a time signal; where it finds none, both columns (`ncf train` races
+    them on a sample), the second column's NeuMF among them: a new study queues each."""
     from ncfcli.data.store import read_meta
     from ncfcli.training import defaults
-    from ncfcli.tuning.space import auto_time_signal, default_params
+    from ncfcli.tuning.config import TuneConfig
+    from ncfcli.tuning.search import load_optuna, requeue
+    from ncfcli.tuning.space import auto_columns, auto_time_signal, default_params
 
     got = {}
     for ordered in (True, False):
@@ -239,7 +255,13 @@ def test_the_tunes_first_trial_is_the_auto_recipes_column(
         monkeypatch.setattr(defaults, "TIERS", ((int(meta["n_train"]) - 1, *first[1:]), *rest))
         signal = auto_time_signal(str(out), meta)
         got[ordered] = (signal, default_params(("mf", "neumf"), meta, signal))
+        study = load_optuna().create_study(direction="maximize")
+        requeue(study, TuneConfig(data_dir=str(out), models=("mf", "neumf"), trials=2))
+        queued = [t.system_attrs["fixed_params"]["model"] for t in study.get_trials(deepcopy=False)]
+        assert queued == (["mf"] if ordered else ["mf", "neumf"])
+        assert auto_columns(str(out), meta) == ((0,) if ordered else (0, 1))
         monkeypatch.undo()
+        assert auto_columns(str(out), meta) == (0,)  # the first column's size: no race
     assert got[True][0] and not got[False][0]
     trained, untrained = got[True][1], got[False][1]
     assert trained is not None and untrained is not None

@@ -93,8 +93,9 @@ def auto_probes(n_train: int, timed: bool) -> bool:
 
 
 def auto_column(n_train: int, time_signal: bool) -> int:
-    """--recipe auto's column: the size's, or the first where the size is the second column's
-    and the validation probe found a time signal."""
+    """--recipe auto's column as the size and the probe give it: the size's, or the first where
+    the size is the second column's and the validation probe found a time signal (where it
+    found none, ncfcli/training/race.py's race may still choose the first)."""
     column = size_column(n_train)
     return AUTO_COLUMNS[0] if time_signal and column == AUTO_COLUMNS[1] else column
 
@@ -136,8 +137,8 @@ def table_text() -> str:
     lines.append(f" and its batch halves, down to 2^{floor}, until an epoch has {steps} steps;")
     lines.append(" --recency-weight, --sequence-length only where a validation probe finds a")
     lines.append(" time signal, --order-factors only where the data has a time order, and")
-    lines.append(f" past the first column {ORDER_FACTORS_ON} where that probe finds a time signal;")
-    lines.append(" --recipe auto: where it does, the first column up to 5M; size: by size)")
+    lines.append(f" past the first column {ORDER_FACTORS_ON} where it finds one; --recipe auto:")
+    lines.append(" there, the first column up to 5M, else a race of the first two on a sample)")
     return "\n".join(lines)
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ncfcli.backend import get_backend
+from ncfcli.data.store import load_prepared
 from ncfcli.data.xops import to_host
 
 PROBE_Z = 3.0  # one-sided, about a 0.1% chance of turning on where time says nothing
@@ -115,3 +117,10 @@ def probe(data: Any, xp: Any, seed: int = 0) -> Probe | None:
         threshold=PROBE_Z,
         on=z >= PROBE_Z,
     )
+
+
+def probe_prepared(data_dir: str) -> Probe | None:
+    """`probe` of the prepared dataset in `data_dir`, loaded on the CPU, as `ncf train` runs it
+    before its start (seed 0): what `ncf tune` asks before its first trials."""
+    backend = get_backend("cpu")
+    return probe(load_prepared(data_dir, backend), backend.xp, seed=0)

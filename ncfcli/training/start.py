@@ -41,7 +41,7 @@ from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import build_model, count_parameters
 from ncfcli.rundir import checkpoint as ckpt
 from ncfcli.rundir.record import check_run_dir
-from ncfcli.training import recency, tables
+from ncfcli.training import race, recency, tables
 from ncfcli.training.config import (
     PROBED,
     SHARD_SEQUENCE,
@@ -278,6 +278,8 @@ def recipe_choice(
     if not auto_probes(n_train, data.train_age is not None):
         untimed = size_column(n_train) == AUTO_COLUMNS[1]  # in the probe's range: no time order
         note = f"{sized}, no time order" if untimed else sized
+        if untimed:
+            return race.raced(cfg, data, env, backend, n_train, sharded, None, note)
         return replace(cfg, recipe=RECIPES[size_column(n_train)]), None, note
     probed = _probe(data, env, backend, sharded)
     column = RECIPES[auto_column(n_train, probed is not None and probed.on)]
@@ -290,7 +292,7 @@ def recipe_choice(
             f"validation probe: z {probed.z:.1f}, time signal",
         )
     note = f"{sized}; validation probe: z {probed.z:.1f}, no time signal"
-    return replace(cfg, recipe=column), probed, note
+    return race.raced(cfg, data, env, backend, n_train, sharded, probed, note)
 
 
 def _probe(

@@ -178,15 +178,16 @@ def _alive(pid: int) -> bool:
 
 
 def requeue(study: Any, cfg: TuneConfig) -> None:
-    """A new study starts from `ncf train`'s defaults; a resumed one runs again, with the same
-    settings, each trial that Ctrl-C or a killed process interrupted and no trial reruns yet."""
+    """A new study starts from `ncf train`'s defaults (both columns where `ncf train` would race
+    them: space.auto_columns); a resumed one runs again, with the same settings, each trial
+    that Ctrl-C or a killed process interrupted and no trial reruns yet."""
     trials = study.get_trials(deepcopy=False)
     if not trials:
         meta = read_meta(cfg.data_dir)
-        signal = space.auto_time_signal(cfg.data_dir, meta)
-        first = space.default_params(cfg.models, meta, signal)
-        if first is not None:
-            study.enqueue_trial(first, user_attrs={"default": True})
+        for column in space.auto_columns(cfg.data_dir, meta):
+            first = space.default_params(cfg.models, meta, column=column)
+            if first is not None:
+                study.enqueue_trial(first, user_attrs={"default": True})
         return
     states = load_optuna().trial.TrialState
     rerun = {t.user_attrs.get("rerun_of") for t in trials}

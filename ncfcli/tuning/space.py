@@ -12,7 +12,13 @@ import math
 from typing import Any
 
 from ncfcli.model import kinds
-from ncfcli.training.defaults import auto_column, auto_probes, column_defaults
+from ncfcli.training.defaults import (
+    AUTO_COLUMNS,
+    auto_column,
+    auto_probes,
+    column_defaults,
+    size_column,
+)
 
 FACTORS = (16, 32, 64, 128, 256)
 LAYERS = {"small": (64, 32, 16), "medium": (128, 64, 32), "large": (256, 128, 64)}
@@ -68,18 +74,26 @@ def _ncf(trial: Any, kind: str, meta: dict[str, Any]) -> dict[str, Any]:
     return over
 
 
+def auto_columns(data_dir: str, meta: dict[str, Any]) -> tuple[int, ...]:
+    """The columns `ncf train`'s `--recipe auto` would choose from for this dataset: in the
+    second column's size range, the first alone where the validation probe finds a time
+    signal, else both (the run races them on a sample of the users: training/race.py; a
+    tune's first trials race them on the whole log); elsewhere the size's column."""
+    n_train = int(meta["n_train"])
+    if size_column(n_train) != AUTO_COLUMNS[1]:
+        return (size_column(n_train),)
+    return (AUTO_COLUMNS[0],) if auto_time_signal(data_dir, meta) else AUTO_COLUMNS
+
+
 def auto_time_signal(data_dir: str, meta: dict[str, Any]) -> bool:
     """Whether `ncf train`'s `--recipe auto` would find a time signal that changes its column
     for this dataset: only in the second column's size range, with a time order, is the
     validation probe run (on the CPU, as `ncf train` runs it before its start)."""
     if not auto_probes(int(meta["n_train"]), bool(meta.get("train_age"))):
         return False
-    from ncfcli.backend import get_backend
-    from ncfcli.data.store import load_prepared
-    from ncfcli.training.recency import probe
+    from ncfcli.training.recency import probe_prepared
 
-    backend = get_backend("cpu")
-    found = probe(load_prepared(data_dir, backend), backend.xp, seed=0)
+    found = probe_prepared(data_dir)
     return found is not None and found.on
 
 
@@ -92,15 +106,19 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def default_params(
-    searched: tuple[str, ...], meta: dict[str, Any], time_signal: bool = False
+    searched: tuple[str, ...],
+    meta: dict[str, Any],
+    time_signal: bool = False,
+    column: int | None = None,
 ) -> dict[str, Any] | None:
     """`ncf train`'s defaults (no flags) as this space's parameters, clamped into its ranges:
     the first trial of a new study, so the search starts from the default and never chooses
-    worse on validation. The column is `--recipe auto`'s: the size's, or the first where the
-    size is the second column's and the validation probe found a time signal (`time_signal`,
-    `auto_time_signal`). None when the default's kind is not searched."""
+    worse on validation. The column is `column`, or `--recipe auto`'s by size and probe: the
+    size's, or the first where the size is the second column's and the validation probe found
+    a time signal (`time_signal`, `auto_time_signal`). None when its kind is not searched."""
     n_train = int(meta["n_train"])
-    d = column_defaults(auto_column(n_train, time_signal), n_train, int(meta["n_users"]))
+    column = auto_column(n_train, time_signal) if column is None else column
+    d = column_defaults(column, n_train, int(meta["n_users"]))
     kind = d["model"]
     if kind not in searched or kind not in kinds.NCF:
         return None

@@ -1,0 +1,192 @@
+"""--recipe auto's race, where the validation probe cannot choose between the first two columns.
+
+In the second column's size range (defaults.py: 500k to 5M training positives) the validation
+probe (recency.py) chooses the first column where it finds a time signal. Where it finds none,
+or the positives have no time order, the row count chose the second column until this race: on
+Yelp (no time signal, 243,742 training positives) the second column's recipe loses 0.07 test
+HR@10 to the first (docs/training-defaults.md, "The race").
+
+The race trains both columns' recipes to their own end (their epochs, patience and selection)
+on a sample of the users (`sample_users`: a seeded draw whose training positives add up to
+about RACE_POSITIVES, at most a fifth of the run's), each user with all their rows, held-out
+items and negatives, the catalogue whole. The better validation figure of --select-metric
+trains the whole log; a tie keeps the first column. Flags the user gave apply to both. The
+sample and the two runs live in a temporary folder that is removed whatever happens; the test
+set is never read.
+
+It runs in one process (`ncf train` without --nproc, not under torchrun or --shard users);
+there the size's column trains, and the summary says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ncfcli.backend import Backend
+from ncfcli.data.dataset import PreparedData
+from ncfcli.data.store import write_prepared
+from ncfcli.errors import NcfError
+from ncfcli.launch.environment import DistEnv
+from ncfcli.training import recency
+from ncfcli.training.config import TrainConfig
+from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES, size_column
+
+RACE_POSITIVES = 100_000  # the sample's training positives, about (the users' whole rows)
+RACE_SHARE = 5  # and at most 1 / RACE_SHARE of the run's
+INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT)
+
+
+@dataclass(frozen=True)
+class Race:
+    """The race's outcome: the column that won, each raced column's validation figure (in
+    AUTO_COLUMNS' order), the sample's users and training positives, and its seconds."""
+
+    column: int
+    figures: tuple[float, ...]
+    users: int
+    positives: int
+    seconds: float
+    metric: str
+
+    def note(self) -> str:
+        """What the run's summary and config.json say about the choice."""
+        runs = ", ".join(
+            f"{RECIPES[c]} {f:.4f}" for c, f in zip(AUTO_COLUMNS, self.figures, strict=True)
+        )
+        return (
+            f"race on {self.users:,} users' {self.positives:,} training positives, validation "
+            f"{self.metric}: {runs}; {self.seconds:.0f} s"
+        )
+
+
+def sample_users(train_users: np.ndarray, n_users: int, positives: int, seed: int) -> np.ndarray:
+    """int64 sorted dense ids of a seeded draw of users whose training positives add up to at
+    least `positives` (all users where they hold fewer): users in the order of a permutation
+    of (seed), taken until their counts reach it."""
+    counts = np.bincount(train_users, minlength=n_users)
+    order = np.random.default_rng([seed, 0x7ACE]).permutation(n_users)
+    reach = np.cumsum(counts[order])
+    k = min(int(np.searchsorted(reach, positives)) + 1, n_users)
+    return np.sort(order[:k]).astype(np.int64)
+
+
+def sample_arrays(data: PreparedData, users: np.ndarray, backend: Backend) -> dict[str, Any]:
+    """The prepared arrays of `users` (sorted dense ids) alone, their ids made dense again in
+    the same order: training rows (and their ages), test and validation items and negatives."""
+    remap = np.full(data.n_users, -1, dtype=np.int64)
+    remap[users] = np.arange(users.shape[0])
+    host = backend.to_numpy
+    train_users = host(data.train_users)
+    keep = remap[train_users] >= 0
+    out: dict[str, Any] = {
+        "train_users": remap[train_users[keep]].astype(np.int32),
+        "train_items": host(data.train_items)[keep],
+        "test_items": host(data.test_items)[users],
+        "test_negatives": host(data.test_negatives)[users],
+    }
+    if data.train_age is not None:
+        out["train_age"] = host(data.train_age)[keep]
+    valid_users = host(data.valid_users)
+    vkeep = remap[valid_users] >= 0
+    out["valid_users"] = remap[valid_users[vkeep]].astype(np.int32)
+    out["valid_items"] = host(data.valid_items)[vkeep]
+    out["valid_negatives"] = host(data.valid_negatives)[vkeep]
+    return out
+
+
+def write_sample(data: PreparedData, users: np.ndarray, out: Path, backend: Backend) -> int:
+    """Write `users`' sample of `data` as a prepared dataset in `out` (the whole catalogue,
+    the split's own meta); returns its training positives."""
+    arrays = sample_arrays(data, users, backend)
+    meta = {k: v for k, v in data.meta.items() if k in ("split", "seed", "eval_negatives")}
+    meta["source"] = {"kind": "a sample of users for the recipes' race", "of": data.fingerprint}
+    write_prepared(out, arrays, users, np.arange(data.n_items, dtype=np.int64), meta)
+    return int(arrays["train_users"].shape[0])
+
+
+def race_columns(
+    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, n_train: int
+) -> Race:
+    """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) and
+    return the winner. A Ctrl-C stops it with one line; nothing it wrote is left."""
+    from ncfcli.training import loop  # loop imports start, which imports this module
+
+    t0 = time.perf_counter()
+    users = sample_users(
+        backend.to_numpy(data.train_users),
+        data.n_users,
+        min(RACE_POSITIVES, n_train // RACE_SHARE),
+        cfg.seed if cfg.seed is not None else 0,
+    )
+    work = Path(tempfile.mkdtemp(prefix="ncf-race-"))
+    metric = cfg.select_metric or "hr@10"
+    figures = []
+    try:
+        positives = write_sample(data, users, work / "data", backend)
+        for column in AUTO_COLUMNS:
+            run = replace(
+                cfg,
+                data_dir=str(work / "data"),
+                out=str(work / f"run-{column}"),
+                recipe=RECIPES[column],
+                resume=False,
+                overwrite=False,
+                target_hr=None,
+                keep_checkpoints=1,
+                tensorboard=False,
+            )
+            result = loop.train(run, None, env, score_test=False)
+            assert result.validation is not None
+            figures.append(float(result.validation[metric]))
+    except KeyboardInterrupt:
+        raise _interrupted() from None
+    except NcfError as e:
+        if e.exit_code == INTERRUPTED:  # a run's own Ctrl-C, after its step
+            raise _interrupted() from None
+        raise NcfError(f"the recipes' race on a sample of the users failed: {e}") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    best = max(range(len(figures)), key=lambda i: (figures[i], -i))  # a tie: the first column
+    seconds = time.perf_counter() - t0
+    return Race(AUTO_COLUMNS[best], tuple(figures), len(users), positives, seconds, metric)
+
+
+def _interrupted() -> NcfError:
+    return NcfError(
+        "interrupted while racing the recipes on a sample of the users; nothing was written: "
+        "run the same command again (or name one with --recipe)",
+        exit_code=INTERRUPTED,
+    )
+
+
+def raced(
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    n_train: int,
+    sharded: bool,
+    probed: recency.Probe | None,
+    note: str,
+) -> tuple[TrainConfig, recency.Probe | None, str]:
+    """--recipe auto where the probe cannot choose (no time signal, or no time order) in the
+    second column's range: the race on a sample of the users (`race_columns`) chooses between the
+    columns' own recipes, in a run of one process with a validation split and no --model
+    named (`ncf tune`'s trials name theirs); elsewhere the size's column trains, and the note
+    says why."""
+    column = size_column(n_train)
+    if cfg.model is not None:
+        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; --model named: no race"
+    if env.world_size > 1 or sharded:
+        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no race across processes"
+    if not data.has_validation:
+        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no validation split"
+    won = race_columns(cfg, data, env, backend, n_train)
+    return replace(cfg, recipe=RECIPES[won.column]), probed, f"{note}; {won.note()}"

@@ -1,0 +1,249 @@
+"""--recipe auto's race (ncfcli/training/race.py): where the validation probe cannot choose
+between the first two columns, both recipes train on a sample of the users and the better
+validation figure trains the whole log."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ncfcli.backend import get_backend
+from ncfcli.cli import app
+from ncfcli.data.dataset import PreparedData
+from ncfcli.data.store import load_prepared
+from ncfcli.errors import NcfError
+from ncfcli.launch.environment import DistEnv
+from ncfcli.training import defaults, loop, race
+from ncfcli.training.config import TrainConfig
+from ncfcli.training.defaults import RECIPES
+from tests._cli import ncf_prepare
+
+
+def ncf(*args: Any) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_the_sample_is_a_seeded_draw_of_whole_users() -> None:
+    """Users in a seeded order until their training positives reach the count asked for: the
+    same ids for the same seed, sorted, each user with all their rows; every user where they
+    hold fewer."""
+    train_users = np.repeat(np.arange(10), [5, 1, 3, 7, 2, 4, 6, 2, 8, 2])
+    got = race.sample_users(train_users, 10, 12, seed=0)
+    counts = np.bincount(train_users, minlength=10)
+    assert list(got) == sorted(got) and len(set(got.tolist())) == len(got)
+    order = np.random.default_rng([0, 0x7ACE]).permutation(10)
+    k = int(np.searchsorted(np.cumsum(counts[order]), 12)) + 1
+    assert list(got) == sorted(order[:k].tolist())
+    assert counts[order[: k - 1]].sum() < 12 <= counts[order[:k]].sum()
+    assert np.array_equal(race.sample_users(train_users, 10, 12, seed=0), got)
+    assert not np.array_equal(race.sample_users(train_users, 10, 12, seed=1), got)
+    assert list(race.sample_users(train_users, 10, 10_000, seed=0)) == list(range(10))
+
+
+def _hand_made() -> PreparedData:
+    """4 users x 6 items: training rows sorted by (user, item), ages, a test item and 2
+    negatives a user, validation for users 0, 2 and 3."""
+    a = np.asarray
+    return PreparedData(
+        path=Path("hand-made"),
+        meta={"n_users": 4, "n_items": 6, "split": "time"},
+        train_users=a([0, 0, 1, 2, 2, 2, 3], dtype=np.int32),
+        train_items=a([1, 2, 0, 3, 4, 5, 2], dtype=np.int32),
+        test_items=a([3, 4, 5, 0], dtype=np.int32),
+        test_negatives=a([[4, 5], [1, 2], [0, 1], [4, 5]], dtype=np.int32),
+        valid_users=a([0, 2, 3], dtype=np.int32),
+        valid_items=a([5, 0, 1], dtype=np.int32),
+        valid_negatives=a([[0, 4], [1, 2], [3, 4]], dtype=np.int32),
+        train_age=a([1, 0, 0, 2, 1, 0, 0], dtype=np.int32),
+    )
+
+
+def test_the_sample_keeps_each_sampled_users_rows_under_new_dense_ids() -> None:
+    """Users 0 and 2 of the hand-made log become 0 and 1, with every training row, age, test
+    item and negative, and validation row of theirs, and nothing of users 1 and 3."""
+    got = race.sample_arrays(_hand_made(), np.asarray([0, 2]), get_backend("cpu"))
+    want = {
+        "train_users": [0, 0, 1, 1, 1],
+        "train_items": [1, 2, 3, 4, 5],
+        "train_age": [1, 0, 2, 1, 0],
+        "test_items": [3, 5],
+        "test_negatives": [[4, 5], [0, 1]],
+        "valid_users": [0, 1],
+        "valid_items": [5, 0],
+        "valid_negatives": [[0, 4], [1, 2]],
+    }
+    assert sorted(got) == sorted(want)
+    for name, value in want.items():
+        assert got[name].tolist() == value, name
+    assert got["train_users"].dtype == np.int32 and got["valid_users"].dtype == np.int32
+
+
+@pytest.fixture(scope="module")
+def untimed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small log prepared with --split random (no time order: the probe has nothing to say)."""
+    out = tmp_path_factory.mktemp("race") / "random"
+    res = ncf_prepare("synthetic", "--users", 400, "--items", 150, "--interactions", 12_000,
+                      "--split", "random", "--eval-negatives", 50, "--out", out)  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _fake_runs(
+    monkeypatch: pytest.MonkeyPatch, figures: dict[str, float], fail: Exception | None = None
+) -> list[Any]:
+    """loop.train faked for the race's runs: each recipe's validation HR@10 is figures[recipe]
+    (`fail` raised by the second run); returns the configs it was called with."""
+    calls: list[Any] = []
+
+    def train(cfg: TrainConfig, progress: Any, env: Any, score_test: bool = True) -> Any:
+        assert not score_test  # the race never reads the test set
+        assert Path(cfg.data_dir, "meta.json").is_file()
+        calls.append(cfg)
+        if fail is not None and len(calls) == 2:
+            raise fail
+        return SimpleNamespace(validation={"hr@10": figures[cfg.recipe], "ndcg@10": 0.0})
+
+    monkeypatch.setattr(loop, "train", train)
+    return calls
+
+
+def _race(untimed: Path, **flags: Any) -> race.Race:
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    cfg = TrainConfig(data_dir=str(untimed), **flags)
+    return race.race_columns(cfg, data, DistEnv(), backend, 10 * int(data.train_users.shape[0]))
+
+
+def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
+    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each column's recipe trains on the sample (a prepared dataset in a temporary folder,
+    removed afterwards), the user's flags kept; the higher validation figure wins, and the note
+    gives both figures."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls = _fake_runs(monkeypatch, {RECIPES[0]: 0.31, RECIPES[1]: 0.42})
+    won = _race(untimed, lr=0.01)
+    assert won.column == 1 and won.figures == (0.31, 0.42)
+    assert [c.recipe for c in calls] == [RECIPES[0], RECIPES[1]]
+    assert all(c.lr == 0.01 and c.data_dir == calls[0].data_dir for c in calls)
+    assert "ml-100k 0.3100, ml-1m 0.4200" in won.note()
+    assert list(tmp_path.iterdir()) == []  # the sample and its runs are gone
+    _fake_runs(monkeypatch, {RECIPES[0]: 0.5, RECIPES[1]: 0.5})
+    assert _race(untimed).column == 0
+    _fake_runs(monkeypatch, {RECIPES[0]: 0.6, RECIPES[1]: 0.5})
+    assert _race(untimed).column == 0
+
+
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "the loop's own Ctrl-C", "an error"])
+def test_a_ctrl_c_or_an_error_in_the_race_is_one_line_and_leaves_nothing(
+    how: str, untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    fail = {
+        "KeyboardInterrupt": KeyboardInterrupt(),
+        "the loop's own Ctrl-C": NcfError("interrupted in epoch 1; continue with ...", 130),
+        "an error": NcfError("out of memory on cpu"),
+    }[how]
+    _fake_runs(monkeypatch, {RECIPES[0]: 0.3, RECIPES[1]: 0.4}, fail)
+    with pytest.raises(NcfError) as e:
+        _race(untimed)
+    if how == "an error":
+        assert e.value.exit_code == 1 and str(e.value).endswith("failed: out of memory on cpu")
+    else:
+        assert e.value.exit_code == 130 and "nothing was written" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _in_second_column(monkeypatch: pytest.MonkeyPatch, data: Path) -> int:
+    """defaults.TIERS with the first column's bound just under `data`'s training positives."""
+    n_train = int(json.loads((data / "meta.json").read_text())["n_train"])
+    first, *rest = defaults.TIERS
+    monkeypatch.setattr(defaults, "TIERS", ((n_train - 1, *first[1:]), *rest))
+    return n_train
+
+
+@pytest.mark.slow
+def test_ncf_train_races_where_the_probe_cannot_choose(
+    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log without time order in the second column's range: `ncf train` races both recipes
+    (2 epochs each, as asked) on a sample and trains the winner, whose name and both figures
+    the summary, --json and config.json carry; the sample's figures are those of the
+    recipes trained on that sample by `ncf train`; nothing is left in the temporary folder.
+    A Ctrl-C in the race is one line, exit 130, and no run folder."""
+    n_train = _in_second_column(monkeypatch, untimed)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    run = tmp_path / "run"
+    res = ncf("train", untimed, "--out", run, "--epochs", 2, "--device", "cpu", "--json", "-q")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    note = json.loads((run / "config.json").read_text())["recipe_note"]
+    assert note == out["recipe_note"] and note.startswith(
+        f"{n_train:,} training positives, no time order; race on "
+    )
+    figures = [float(note.split(f"{r} ")[1][:6]) for r in RECIPES[:2]]
+    assert out["recipe"] == RECIPES[int(figures[1] > figures[0])]
+    assert list((tmp_path / "tmp").iterdir()) == []
+    # The same sample, written out, trained by `ncf train --recipe R`: the race's figures.
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    users = race.sample_users(backend.to_numpy(data.train_users), data.n_users, n_train // 5, 0)
+    race.write_sample(data, users, tmp_path / "sample", backend)
+    for recipe, figure in zip(RECIPES[:2], figures, strict=True):
+        res = ncf("train", tmp_path / "sample", "--out", tmp_path / recipe, "--recipe", recipe,
+                  "--epochs", 2, "--device", "cpu", "--json", "-q")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        assert round(json.loads(res.stdout)["validation"]["hr@10"], 4) == figure
+
+    whole = loop.train
+
+    def interrupted(cfg: TrainConfig, *args: Any, **kwargs: Any) -> Any:
+        if "ncf-race-" in cfg.data_dir:  # one of the race's runs: Ctrl-C
+            raise KeyboardInterrupt
+        return whole(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    res = ncf("train", untimed, "--out", tmp_path / "stopped", "--device", "cpu")
+    assert res.exit_code == 130 and "nothing was written" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "stopped").exists()
+
+
+def test_no_race_across_processes_or_without_a_validation_split(
+    untimed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several processes (--nproc, torchrun, --shard users), a dataset without a validation
+    split and a --model named (as `ncf tune`'s trials name theirs) keep the size's column;
+    the note says why."""
+    from ncfcli.training.race import raced
+
+    def no_race(*args: Any) -> Any:
+        raise AssertionError("no race here")
+
+    monkeypatch.setattr(race, "race_columns", no_race)
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    cfg = TrainConfig(data_dir=str(untimed))
+    n = 600_000
+    for env, sharded, why in ((DistEnv(0, 2, 0), False, "no race across processes"),
+                              (DistEnv(), True, "no race across processes")):  # fmt: skip
+        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N")
+        assert got.recipe == RECIPES[1] and note == f"N; {why}"
+    bare = PreparedData(**_without_validation(data))
+    got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N")
+    assert got.recipe == RECIPES[1] and note == "N; no validation split"
+    named = TrainConfig(data_dir=str(untimed), model="mf")
+    got, _, note = raced(named, data, DistEnv(), backend, n, False, None, "N")
+    assert (got.recipe, got.model) == (RECIPES[1], "mf") and note == "N; --model named: no race"
+
+
+def _without_validation(data: PreparedData) -> dict[str, Any]:
+    fields = ("path", "meta", "train_users", "train_items", "test_items", "test_negatives")
+    return {name: getattr(data, name) for name in fields}
