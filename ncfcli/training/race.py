@@ -150,7 +150,11 @@ def race_columns(
     except NcfError as e:
         if e.exit_code == INTERRUPTED:  # a run's own Ctrl-C, after its step
             raise _interrupted() from None
-        raise NcfError(f"the recipes' race on a sample of the users failed: {e}") from None
+        raise NcfError(
+            f"--recipe auto raced {RECIPES[AUTO_COLUMNS[len(figures)]]} on a sample of the "
+            f"users, and it failed: {e}; or name a recipe with --recipe",
+            exit_code=e.exit_code,
+        ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     best = max(range(len(figures)), key=lambda i: (figures[i], -i))  # a tie: the first column
