@@ -122,6 +122,18 @@ def test_the_als_search_walks_off_the_edge_of_its_grid(
     assert best == (64, 30.0, 5.0, 15) and len(fitted) == 1
 
 
+# factors x reg x alpha at 15 iterations: 27 points, each axis with an interior value
+WIDE_GRID = [
+    (f, reg, a, 15) for f in (16, 64, 256) for reg in (3.0, 30.0, 300.0) for a in (1.0, 5.0, 20.0)
+]
+
+
+def _tune_for_both(bench_accuracy: Any, tmp_path: Path, grid: list[Any]) -> list[Any]:
+    """tune_als_for over `grid` for both criteria: (sampled + full HR@10, full HR@10 alone)."""
+    both = (bench_accuracy.SAMPLED_AND_FULL, bench_accuracy.FULL_RANKING)
+    return bench_accuracy.tune_als_for(tmp_path / "data", tmp_path, grid, both)
+
+
 def test_als_is_tuned_for_each_protocol_from_one_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,15 +148,8 @@ def test_als_is_tuned_for_each_protocol_from_one_search(
         return {"sampled hr@10": sampled, "full hr@10": full}
 
     bench_accuracy, fitted = _fake_als_fits(monkeypatch, figures)
-    grid = [
-        (f, reg, a, 15)
-        for f in (16, 64, 256)
-        for reg in (3.0, 30.0, 300.0)
-        for a in (1.0, 5.0, 20.0)
-    ]
-    found = bench_accuracy.tune_als_for(tmp_path / "data", tmp_path, grid,
-                                        (bench_accuracy.SAMPLED_AND_FULL,
-                                         bench_accuracy.FULL_RANKING))  # fmt: skip
+    grid = WIDE_GRID
+    found = _tune_for_both(bench_accuracy, tmp_path, grid)
     assert [point for point, _ in found] == [(64, 30.0, 5.0, 15), (512, 30.0, 5.0, 15)]
     assert fitted[len(grid) :] == [
         (512, 30.0, 5.0, 15),
@@ -172,15 +177,8 @@ def test_the_als_search_doubles_iterations_while_they_help(
         return {"sampled hr@10": sampled, "full hr@10": 0.05 - 0.001 * off + full_it}
 
     bench_accuracy, fitted = _fake_als_fits(monkeypatch, figures)
-    grid = [
-        (f, reg, a, 15)
-        for f in (16, 64, 256)
-        for reg in (3.0, 30.0, 300.0)
-        for a in (1.0, 5.0, 20.0)
-    ]
-    found = bench_accuracy.tune_als_for(tmp_path / "data", tmp_path, grid,
-                                        (bench_accuracy.SAMPLED_AND_FULL,
-                                         bench_accuracy.FULL_RANKING))  # fmt: skip
+    grid = WIDE_GRID
+    found = _tune_for_both(bench_accuracy, tmp_path, grid)
     assert fitted[len(grid) :] == [(64, 30.0, 5.0, 30), (64, 30.0, 5.0, 60)]
     assert [point for point, _ in found] == [(64, 30.0, 5.0, 60), (64, 30.0, 5.0, 30)]
     assert found[1][1].name.startswith("als-data-64-30.0-5.0-30-")
