@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -96,10 +97,10 @@ def untimed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _fake_runs(
-    monkeypatch: pytest.MonkeyPatch, figures: dict[str, float], fail: Exception | None = None
-) -> list[Any]:
-    """loop.train faked for the race's runs: each recipe's validation HR@10 is figures[recipe]
-    (`fail` raised by the second run); returns the configs it was called with."""
+    figures: dict[str, float], fail: Exception | None = None
+) -> tuple[list[Any], Callable[..., Any]]:
+    """A fake of loop.train for the race's runs: each recipe's validation HR@10 is
+    figures[recipe] (`fail` raised by the second run); the configs it is called with, and it."""
     calls: list[Any] = []
 
     def train(cfg: TrainConfig, progress: Any, env: Any, score_test: bool = True) -> Any:
@@ -110,15 +111,15 @@ def _fake_runs(
             raise fail
         return SimpleNamespace(validation={"hr@10": figures[cfg.recipe], "ndcg@10": 0.0})
 
-    monkeypatch.setattr(loop, "train", train)
-    return calls
+    return calls, train
 
 
-def _race(untimed: Path, **flags: Any) -> race.Race:
+def _race(untimed: Path, train: Callable[..., Any], **flags: Any) -> race.Race:
     backend = get_backend("cpu")
     data = load_prepared(untimed, backend)
     cfg = TrainConfig(data_dir=str(untimed), **flags)
-    return race.race_columns(cfg, data, DistEnv(), backend, 10 * int(data.train_users.shape[0]))
+    n = 10 * int(data.train_users.shape[0])
+    return race.race_columns(cfg, data, DistEnv(), backend, n, train)
 
 
 def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
@@ -128,17 +129,15 @@ def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
     removed afterwards), the user's flags kept; the higher validation figure wins, and the note
     gives both figures."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    calls = _fake_runs(monkeypatch, {RECIPES[0]: 0.31, RECIPES[1]: 0.42})
-    won = _race(untimed, lr=0.01)
+    calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
+    won = _race(untimed, train, lr=0.01)
     assert won.column == 1 and won.figures == (0.31, 0.42)
     assert [c.recipe for c in calls] == [RECIPES[0], RECIPES[1]]
     assert all(c.lr == 0.01 and c.data_dir == calls[0].data_dir for c in calls)
     assert "ml-100k 0.3100, ml-1m 0.4200" in won.note()
     assert list(tmp_path.iterdir()) == []  # the sample and its runs are gone
-    _fake_runs(monkeypatch, {RECIPES[0]: 0.5, RECIPES[1]: 0.5})
-    assert _race(untimed).column == 0
-    _fake_runs(monkeypatch, {RECIPES[0]: 0.6, RECIPES[1]: 0.5})
-    assert _race(untimed).column == 0
+    assert _race(untimed, _fake_runs({RECIPES[0]: 0.5, RECIPES[1]: 0.5})[1]).column == 0
+    assert _race(untimed, _fake_runs({RECIPES[0]: 0.6, RECIPES[1]: 0.5})[1]).column == 0
 
 
 @pytest.mark.parametrize("how", ["KeyboardInterrupt", "the loop's own Ctrl-C", "an error"])
@@ -151,9 +150,9 @@ def test_a_ctrl_c_or_an_error_in_the_race_is_one_line_and_leaves_nothing(
         "the loop's own Ctrl-C": NcfError("interrupted in epoch 1; continue with ...", 130),
         "an error": NcfError("--shared-negatives 256: not with neumf", exit_code=2),
     }[how]
-    _fake_runs(monkeypatch, {RECIPES[0]: 0.3, RECIPES[1]: 0.4}, fail)
+    _, train = _fake_runs({RECIPES[0]: 0.3, RECIPES[1]: 0.4}, fail)
     with pytest.raises(NcfError) as e:
-        _race(untimed)
+        _race(untimed, train)
     if how == "an error":
         assert e.value.exit_code == 2 and str(e.value) == (
             "--recipe auto raced ml-1m on a sample of the users, and it failed: --shared-negatives"
@@ -237,13 +236,13 @@ def test_no_race_across_processes_or_without_a_validation_split(
     n = 600_000
     for env, sharded, why in ((DistEnv(0, 2, 0), False, "no race across processes"),
                               (DistEnv(), True, "no race across processes")):  # fmt: skip
-        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N")
+        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N", no_race)
         assert got.recipe == RECIPES[1] and note == f"N; {why}"
     bare = PreparedData(**_without_validation(data))
-    got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N")
+    got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N", no_race)
     assert got.recipe == RECIPES[1] and note == "N; no validation split"
     named = TrainConfig(data_dir=str(untimed), model="mf")
-    got, _, note = raced(named, data, DistEnv(), backend, n, False, None, "N")
+    got, _, note = raced(named, data, DistEnv(), backend, n, False, None, "N", no_race)
     assert (got.recipe, got.model) == (RECIPES[1], "mf") and note == "N; --model named: no race"
 
 

@@ -81,6 +81,10 @@ def _chains(path: Path, ordered: bool) -> Path:
     return path
 
 
+def _no_training(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("options are resolved without training (race.race_columns is faked)")
+
+
 def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> dict[Any, Any]:
     """{(ordered, i): (the options resolved for `variants[i]` as if the dataset had n_train
     training positives, the probe's verdict, the recipe's note)} on a sequential log and on
@@ -102,7 +106,9 @@ def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> d
         data = load_prepared(out, backend)
         for i, flags in enumerate(variants):
             cfg = TrainConfig(data_dir=str(out), **flags)
-            resolved, probed, note = resolve_options(cfg, data, DistEnv(), backend, None, n_train)
+            resolved, probed, note = resolve_options(
+                cfg, data, DistEnv(), backend, None, n_train, train=_no_training
+            )
             got[(ordered, i)] = (resolved, probed is not None and probed.on, note)
     return got
 

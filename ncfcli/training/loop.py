@@ -142,7 +142,7 @@ def run_training(
         data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
         return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
-    s = start(cfg, data, env, backend, run_dir, layout)  # the resolved options, model, Adam
+    s = start(cfg, data, env, backend, run_dir, layout, train=train)  # options, model, Adam
     cfg = s.cfg
     assert cfg.epochs is not None
     run_log = open_run_dir(s, progress)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -112,12 +113,16 @@ def write_sample(data: PreparedData, users: np.ndarray, out: Path, backend: Back
 
 
 def race_columns(
-    cfg: TrainConfig, data: PreparedData, env: DistEnv, backend: Backend, n_train: int
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    n_train: int,
+    train: Callable[..., Any],
 ) -> Race:
-    """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) and
-    return the winner. A Ctrl-C stops it with one line; nothing it wrote is left."""
-    from ncfcli.training import loop  # loop imports start, which imports this module
-
+    """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) with
+    `train` (loop.train, handed down by the loop) and return the winner. A Ctrl-C stops it
+    with one line; nothing it wrote is left."""
     t0 = time.perf_counter()
     users = sample_users(
         backend.to_numpy(data.train_users),
@@ -142,7 +147,7 @@ def race_columns(
                 keep_checkpoints=1,
                 tensorboard=False,
             )
-            result = loop.train(run, None, env, score_test=False)
+            result = train(run, None, env, score_test=False)
             assert result.validation is not None
             figures.append(float(result.validation[metric]))
     except KeyboardInterrupt:
@@ -179,6 +184,7 @@ def raced(
     sharded: bool,
     probed: recency.Probe | None,
     note: str,
+    train: Callable[..., Any],
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """--recipe auto where the probe cannot choose (no time signal, or no time order) in the
     second column's range: the race on a sample of the users (`race_columns`) chooses between the
@@ -192,5 +198,5 @@ def raced(
         return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no race across processes"
     if not data.has_validation:
         return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no validation split"
-    won = race_columns(cfg, data, env, backend, n_train)
+    won = race_columns(cfg, data, env, backend, n_train, train)
     return replace(cfg, recipe=RECIPES[won.column]), probed, f"{note}; {won.note()}"

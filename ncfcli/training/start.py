@@ -20,6 +20,7 @@ number of steps, streaming its buckets a window at a time (stream.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,12 @@ def start(
     backend: Backend,
     run_dir: Path,
     layout: Layout | None = None,
+    *,
+    train: Callable[..., Any],
 ) -> Session:
     """Resume or start: the resolved options, the model (from `seed`, or the checkpoint), Adam,
-    and the data on the device (this rank's shard in `layout`'s users mode). Writes nothing."""
+    and the data on the device (this rank's shard in `layout`'s users mode). Writes nothing.
+    `train`: the loop's own (loop.train), for --recipe auto's race (race.py)."""
     layout = layout or Layout("none", "")
     resumed, data, cfg = _resumed(cfg, data, backend, run_dir)
     if data.merged_validation and cfg.target_hr is not None:
@@ -97,7 +101,7 @@ def start(
         cfg = replace(cfg, sequence_length=as_capped(asked, saved, data, backend))
     shared_asked = cfg.shared_negatives
     cfg, probed, recipe_note = resolve_options(
-        cfg, data, env, backend, saved, n_train, layout.sharded
+        cfg, data, env, backend, saved, n_train, layout.sharded, train=train
     )
     cfg = shared_choice(cfg, shared_asked, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
@@ -222,6 +226,8 @@ def resolve_options(
     saved: dict[str, Any] | None,
     n_train: int,
     sharded: bool = False,
+    *,
+    train: Callable[..., Any],
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """Every option filled (config.resolve) from the column --recipe chooses (`recipe_choice`),
     with the defaults that need time (TIME_DEFAULTS) off where the dataset has no time order or
@@ -230,7 +236,7 @@ def resolve_options(
     given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
     if data.train_age is None and saved is None:  # no time order: those defaults are off
         cfg = replace(cfg, **{n: off for n, off in TIME_DEFAULTS.items() if given[n] is None})
-    cfg, probed, note = recipe_choice(cfg, data, env, backend, saved, n_train, sharded)
+    cfg, probed, note = recipe_choice(cfg, data, env, backend, saved, n_train, sharded, train)
     cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
     wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
     # Past the first tier the size default has no order term; where the validation probe finds
@@ -264,6 +270,7 @@ def recipe_choice(
     saved: dict[str, Any] | None,
     n_train: int,
     sharded: bool,
+    train: Callable[..., Any],
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """--recipe auto, a new run's default: the column of defaults.py that trains, and why (the
     summary's note). Between the first two columns the validation probe decides, not the row
@@ -279,7 +286,7 @@ def recipe_choice(
         untimed = size_column(n_train) == AUTO_COLUMNS[1]  # in the probe's range: no time order
         note = f"{sized}, no time order" if untimed else sized
         if untimed:
-            return race.raced(cfg, data, env, backend, n_train, sharded, None, note)
+            return race.raced(cfg, data, env, backend, n_train, sharded, None, note, train)
         return replace(cfg, recipe=RECIPES[size_column(n_train)]), None, note
     probed = _probe(data, env, backend, sharded)
     column = RECIPES[auto_column(n_train, probed is not None and probed.on)]
@@ -292,7 +299,7 @@ def recipe_choice(
             f"validation probe: z {probed.z:.1f}, time signal",
         )
     note = f"{sized}; validation probe: z {probed.z:.1f}, no time signal"
-    return race.raced(cfg, data, env, backend, n_train, sharded, probed, note)
+    return race.raced(cfg, data, env, backend, n_train, sharded, probed, note, train)
 
 
 def _probe(
