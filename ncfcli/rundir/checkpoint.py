@@ -35,7 +35,9 @@ Run directory layout:
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,16 +50,39 @@ from ncfcli.model import baselines
 from ncfcli.model.config import ModelConfig
 from ncfcli.model.neumf import NCF, build_model
 from ncfcli.rundir.files import BEST, CKPT_DIR, CONFIG, LAST
+from ncfcli.ui import memory_size
 
 FORMAT_VERSION = 1
 KIND = "ncfcli-checkpoint"
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
-    """Write a checkpoint atomically (a crash never leaves a truncated file)."""
+    """Write a checkpoint atomically (a crash never leaves a truncated file). A disk too full
+    for it is one line (torch's own error for it names a C++ source line and two offsets)."""
     state = {"format_version": FORMAT_VERSION, "kind": KIND, **state}
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        try:
+            torch.save(state, tmp)
+        except (OSError, RuntimeError) as e:
+            free = shutil.disk_usage(Path(tmp).parent).free
+            if getattr(e, "errno", None) != errno.ENOSPC and free >= tensor_bytes(state):
+                raise
+            raise NcfError(
+                f"cannot write {path}: its disk is full ({memory_size(free)} free, the "
+                f"checkpoint needs about {memory_size(tensor_bytes(state))}); free some space "
+                "and run the command again"
+            ) from None
+
+
+def tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in `obj` (dicts, lists and tuples walked)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> dict[str, Any]:
