@@ -14,8 +14,9 @@ trains the whole log; a tie keeps the first column. Flags the user gave apply to
 sample and the two runs live in a temporary folder that is removed whatever happens; the test
 set is never read.
 
-It runs in one process (`ncf train` without --nproc, not under torchrun or --shard users);
-there the size's column trains, and the summary says so.
+It runs in a run of one process (`ncf train` without --nproc, not under torchrun or --shard
+users) with a validation split and no --model named (`raced`); elsewhere the size's column
+trains, and the summary says why.
 """
 
 from __future__ import annotations
