@@ -33,7 +33,7 @@ from ncfcli.launch.environment import DistEnv
 from ncfcli.training import loop
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES
-from ncfcli.training.race import race_columns
+from ncfcli.training.race import Racer, race_columns
 
 
 def whole_log(data: Path, work: Path, recipe: str, seed: int) -> dict[str, float]:
@@ -58,7 +58,7 @@ def check(data: Path, work: Path, seed: int) -> bool:
     prepared = load_prepared(data, backend)
     n_train = int(prepared.train_users.shape[0])
     cfg = TrainConfig(data_dir=str(data), seed=seed, device="cpu")
-    won = race_columns(cfg, prepared, DistEnv(), backend, n_train, loop.train)
+    won = race_columns(cfg, prepared, DistEnv(), backend, n_train, Racer(loop.train))
     print(f"{data.name} ({n_train:,} training positives): {won.note()}; chose {RECIPES[won.column]}",
           flush=True)  # fmt: skip
     runs = {c: whole_log(data, work, RECIPES[c], seed) for c in AUTO_COLUMNS}

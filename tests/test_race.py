@@ -119,7 +119,7 @@ def _race(untimed: Path, train: Callable[..., Any], **flags: Any) -> race.Race:
     data = load_prepared(untimed, backend)
     cfg = TrainConfig(data_dir=str(untimed), **flags)
     n = 10 * int(data.train_users.shape[0])
-    return race.race_columns(cfg, data, DistEnv(), backend, n, train)
+    return race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(train))
 
 
 def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
@@ -130,7 +130,16 @@ def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
     gives both figures."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
-    won = _race(untimed, train, lr=0.01)
+    said: list[str] = []
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    cfg = TrainConfig(data_dir=str(untimed), lr=0.01)
+    n = 10 * int(data.train_users.shape[0])
+    won = race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(train, said.append))
+    assert said == [
+        f"--recipe auto: racing ml-100k and ml-1m on {won.users:,} users' {won.positives:,} "
+        "training positives (the validation probe cannot choose)"
+    ]
     assert won.column == 1 and won.figures == (0.31, 0.42)
     assert [c.recipe for c in calls] == [RECIPES[0], RECIPES[1]]
     assert all(c.lr == 0.01 and c.data_dir == calls[0].data_dir for c in calls)
@@ -194,6 +203,9 @@ def test_ncf_train_races_where_the_probe_cannot_choose(
     figures = [float(note.split(f"{r} ")[1][:6]) for r in RECIPES[:2]]
     assert out["recipe"] == RECIPES[int(figures[1] > figures[0])]
     assert list((tmp_path / "tmp").iterdir()) == []
+    assert "racing" not in res.output  # -q: nothing said
+    said = ncf("train", untimed, "--out", tmp_path / "loud", "--epochs", 1, "--device", "cpu")
+    assert said.exit_code == 0 and "--recipe auto: racing ml-100k and ml-1m on " in said.output
     # The same sample, written out, trained by `ncf train --recipe R`: the race's figures.
     backend = get_backend("cpu")
     data = load_prepared(untimed, backend)
@@ -236,13 +248,13 @@ def test_no_race_across_processes_or_without_a_validation_split(
     n = 600_000
     for env, sharded, why in ((DistEnv(0, 2, 0), False, "no race across processes"),
                               (DistEnv(), True, "no race across processes")):  # fmt: skip
-        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N", no_race)
+        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N", race.Racer(no_race))
         assert got.recipe == RECIPES[1] and note == f"N; {why}"
     bare = PreparedData(**_without_validation(data))
-    got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N", no_race)
+    got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N", race.Racer(no_race))
     assert got.recipe == RECIPES[1] and note == "N; no validation split"
     named = TrainConfig(data_dir=str(untimed), model="mf")
-    got, _, note = raced(named, data, DistEnv(), backend, n, False, None, "N", no_race)
+    got, _, note = raced(named, data, DistEnv(), backend, n, False, None, "N", race.Racer(no_race))
     assert (got.recipe, got.model) == (RECIPES[1], "mf") and note == "N; --model named: no race"
 
 

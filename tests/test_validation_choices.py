@@ -93,6 +93,7 @@ def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> d
     from ncfcli.data.store import load_prepared
     from ncfcli.launch.environment import DistEnv
     from ncfcli.training.config import TrainConfig
+    from ncfcli.training.race import Racer
     from ncfcli.training.start import resolve_options
 
     backend = get_backend("cpu")
@@ -107,7 +108,7 @@ def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> d
         for i, flags in enumerate(variants):
             cfg = TrainConfig(data_dir=str(out), **flags)
             resolved, probed, note = resolve_options(
-                cfg, data, DistEnv(), backend, None, n_train, train=_no_training
+                cfg, data, DistEnv(), backend, None, n_train, racer=Racer(_no_training)
             )
             got[(ordered, i)] = (resolved, probed is not None and probed.on, note)
     return got

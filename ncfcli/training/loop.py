@@ -43,6 +43,7 @@ from ncfcli.rundir.files import BEST, CKPT_DIR, CURVES, LAST
 from ncfcli.rundir.logs import RunLog
 from ncfcli.rundir.record import import_plotting, save_curves
 from ncfcli.scoring.selection import chooses, out_of_patience, top_record
+from ncfcli.training import race
 from ncfcli.training import validation as evaluation
 from ncfcli.training.baselines import fit_baseline
 from ncfcli.training.config import TrainConfig
@@ -142,7 +143,9 @@ def run_training(
         data = data.merge_validation(backend.xp)
     if cfg.model in baselines.KINDS:
         return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
-    s = start(cfg, data, env, backend, run_dir, layout, train=train)  # options, model, Adam
+    say = progress.console.print if progress is not None and not progress.disable else None
+    racer = race.Racer(train, say if env.is_main else None)  # --recipe auto's race: race.py
+    s = start(cfg, data, env, backend, run_dir, layout, racer=racer)  # options, model, Adam
     cfg = s.cfg
     assert cfg.epochs is not None
     run_log = open_run_dir(s, progress)

@@ -46,6 +46,15 @@ INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT)
 
 
 @dataclass(frozen=True)
+class Racer:
+    """What a run hands down to the race: its own train function (loop.train) and where to say
+    that the race runs (the run's progress console; None where the run is quiet)."""
+
+    train: Callable[..., Any]
+    say: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
 class Race:
     """The race's outcome: the column that won, each raced column's validation figure (in
     AUTO_COLUMNS' order), the sample's users and training positives, and its seconds."""
@@ -119,11 +128,11 @@ def race_columns(
     env: DistEnv,
     backend: Backend,
     n_train: int,
-    train: Callable[..., Any],
+    racer: Racer,
 ) -> Race:
     """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) with
-    `train` (loop.train, handed down by the loop) and return the winner. A Ctrl-C stops it
-    with one line; nothing it wrote is left."""
+    the run's own train function (`racer`) and return the winner, saying first that the race
+    runs. A Ctrl-C stops it with one line; nothing it wrote is left."""
     t0 = time.perf_counter()
     users = sample_users(
         backend.to_numpy(data.train_users),
@@ -136,6 +145,12 @@ def race_columns(
     figures = []
     try:
         positives = write_sample(data, users, work / "data", backend)
+        if racer.say is not None:
+            names = " and ".join(RECIPES[c] for c in AUTO_COLUMNS)
+            racer.say(
+                f"--recipe auto: racing {names} on {len(users):,} users' {positives:,} training "
+                "positives (the validation probe cannot choose)"
+            )
         for column in AUTO_COLUMNS:
             run = replace(
                 cfg,
@@ -148,7 +163,7 @@ def race_columns(
                 keep_checkpoints=1,
                 tensorboard=False,
             )
-            result = train(run, None, env, score_test=False)
+            result = racer.train(run, None, env, score_test=False)
             assert result.validation is not None
             figures.append(float(result.validation[metric]))
     except KeyboardInterrupt:
@@ -185,7 +200,7 @@ def raced(
     sharded: bool,
     probed: recency.Probe | None,
     note: str,
-    train: Callable[..., Any],
+    racer: Racer,
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """--recipe auto where the probe cannot choose (no time signal, or no time order) in the
     second column's range: the race on a sample of the users (`race_columns`) chooses between the
@@ -199,5 +214,5 @@ def raced(
         return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no race across processes"
     if not data.has_validation:
         return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no validation split"
-    won = race_columns(cfg, data, env, backend, n_train, train)
+    won = race_columns(cfg, data, env, backend, n_train, racer)
     return replace(cfg, recipe=RECIPES[won.column]), probed, f"{note}; {won.note()}"

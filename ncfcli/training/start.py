@@ -20,7 +20,6 @@ number of steps, streaming its buckets a window at a time (stream.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -77,11 +76,11 @@ def start(
     run_dir: Path,
     layout: Layout | None = None,
     *,
-    train: Callable[..., Any],
+    racer: race.Racer,
 ) -> Session:
     """Resume or start: the resolved options, the model (from `seed`, or the checkpoint), Adam,
     and the data on the device (this rank's shard in `layout`'s users mode). Writes nothing.
-    `train`: the loop's own (loop.train), for --recipe auto's race (race.py)."""
+    `racer`: the loop's own train function and console, for --recipe auto's race (race.py)."""
     layout = layout or Layout("none", "")
     resumed, data, cfg = _resumed(cfg, data, backend, run_dir)
     if data.merged_validation and cfg.target_hr is not None:
@@ -101,7 +100,7 @@ def start(
         cfg = replace(cfg, sequence_length=as_capped(asked, saved, data, backend))
     shared_asked = cfg.shared_negatives
     cfg, probed, recipe_note = resolve_options(
-        cfg, data, env, backend, saved, n_train, layout.sharded, train=train
+        cfg, data, env, backend, saved, n_train, layout.sharded, racer=racer
     )
     cfg = shared_choice(cfg, shared_asked, layout.sharded)
     cfg, sequence_note = sequence_window(cfg, data, backend, asked, saved, layout.sharded)
@@ -227,7 +226,7 @@ def resolve_options(
     n_train: int,
     sharded: bool = False,
     *,
-    train: Callable[..., Any],
+    racer: race.Racer,
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """Every option filled (config.resolve) from the column --recipe chooses (`recipe_choice`),
     with the defaults that need time (TIME_DEFAULTS) off where the dataset has no time order or
@@ -236,7 +235,7 @@ def resolve_options(
     given = {name: getattr(cfg, name) for name in TIME_DEFAULTS}
     if data.train_age is None and saved is None:  # no time order: those defaults are off
         cfg = replace(cfg, **{n: off for n, off in TIME_DEFAULTS.items() if given[n] is None})
-    cfg, probed, note = recipe_choice(cfg, data, env, backend, saved, n_train, sharded, train)
+    cfg, probed, note = recipe_choice(cfg, data, env, backend, saved, n_train, sharded, racer)
     cfg = resolve(cfg, n_train, env.world_size, saved, data.n_users)
     wanted = [n for n in PROBED if getattr(cfg, n) and given[n] is None and saved is None]
     # Past the first tier the size default has no order term; where the validation probe finds
@@ -270,7 +269,7 @@ def recipe_choice(
     saved: dict[str, Any] | None,
     n_train: int,
     sharded: bool,
-    train: Callable[..., Any],
+    racer: race.Racer,
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """--recipe auto, a new run's default: the column of defaults.py that trains, and why (the
     summary's note). Between the first two columns the validation probe decides, not the row
@@ -286,7 +285,7 @@ def recipe_choice(
         untimed = size_column(n_train) == AUTO_COLUMNS[1]  # in the probe's range: no time order
         note = f"{sized}, no time order" if untimed else sized
         if untimed:
-            return race.raced(cfg, data, env, backend, n_train, sharded, None, note, train)
+            return race.raced(cfg, data, env, backend, n_train, sharded, None, note, racer)
         return replace(cfg, recipe=RECIPES[size_column(n_train)]), None, note
     probed = _probe(data, env, backend, sharded)
     column = RECIPES[auto_column(n_train, probed is not None and probed.on)]
@@ -299,7 +298,7 @@ def recipe_choice(
             f"validation probe: z {probed.z:.1f}, time signal",
         )
     note = f"{sized}; validation probe: z {probed.z:.1f}, no time signal"
-    return race.raced(cfg, data, env, backend, n_train, sharded, probed, note, train)
+    return race.raced(cfg, data, env, backend, n_train, sharded, probed, note, racer)
 
 
 def _probe(
