@@ -67,7 +67,7 @@ def check(data: Path, work: Path, seed: int) -> bool:
               f", test {r['test']:.4f}, full {r['full']:.4f}", flush=True)  # fmt: skip
     best = max(AUTO_COLUMNS, key=lambda c: runs[c]["validation"])
     gap = runs[best]["validation"] - runs[won.column]["validation"]
-    users = int((backend.to_numpy(prepared.valid_users)).shape[0])
+    users = int(prepared.valid_users.shape[0])
     p = runs[best]["validation"]
     se = math.sqrt(p * (1 - p) / max(users, 1))
     share = won.seconds / runs[won.column]["wall"]

@@ -64,13 +64,13 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
         try:
             torch.save(state, tmp)
         except (OSError, RuntimeError) as e:
-            free = shutil.disk_usage(Path(tmp).parent).free
-            if getattr(e, "errno", None) != errno.ENOSPC and free >= tensor_bytes(state):
+            free, need = shutil.disk_usage(Path(tmp).parent).free, tensor_bytes(state)
+            if getattr(e, "errno", None) != errno.ENOSPC and free >= need:
                 raise
             raise NcfError(
                 f"cannot write {path}: its disk is full ({memory_size(free)} free, the "
-                f"checkpoint needs about {memory_size(tensor_bytes(state))}); free some space "
-                "and run the command again"
+                f"checkpoint needs about {memory_size(need)}); free some space and run the "
+                "command again"
             ) from None
 
 

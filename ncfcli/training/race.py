@@ -77,11 +77,11 @@ class Race:
         )
 
 
-def sample_users(train_users: np.ndarray, n_users: int, positives: int, seed: int) -> np.ndarray:
-    """int64 sorted dense ids of a seeded draw of users whose training positives add up to at
-    least `positives` (all users where they hold fewer): users in the order of a permutation
-    of (seed), taken until their counts reach it."""
-    counts = np.bincount(train_users, minlength=n_users)
+def sample_users(counts: np.ndarray, positives: int, seed: int) -> np.ndarray:
+    """int64 sorted dense ids of a seeded draw of users whose training positives (`counts`,
+    by dense user id) add up to at least `positives` (all users where they hold fewer): users
+    in the order of a permutation of (seed), taken until their counts reach it."""
+    n_users = counts.shape[0]
     order = np.random.default_rng([seed, 0x7ACE]).permutation(n_users)
     reach = np.cumsum(counts[order])
     k = min(int(np.searchsorted(reach, positives)) + 1, n_users)
@@ -135,8 +135,7 @@ def race_columns(
     runs. A Ctrl-C stops it with one line; nothing it wrote is left."""
     t0 = time.perf_counter()
     users = sample_users(
-        backend.to_numpy(data.train_users),
-        data.n_users,
+        np.diff(backend.to_numpy(data.user_offsets(backend.xp))),  # each user's positives
         min(RACE_POSITIVES, n_train // RACE_SHARE),
         cfg.seed if cfg.seed is not None else 0,
     )
@@ -207,12 +206,19 @@ def raced(
     columns' own recipes, in a run of one process with a validation split and no --model
     named (`ncf tune`'s trials name theirs); elsewhere the size's column trains, and the note
     says why."""
-    column = size_column(n_train)
-    if cfg.model is not None:
-        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; --model named: no race"
-    if env.world_size > 1 or sharded:
-        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no race across processes"
-    if not data.has_validation:
-        return replace(cfg, recipe=RECIPES[column]), probed, f"{note}; no validation split"
+    why = _no_race(cfg, data, env, sharded)
+    if why:
+        return replace(cfg, recipe=RECIPES[size_column(n_train)]), probed, f"{note}; {why}"
     won = race_columns(cfg, data, env, backend, n_train, racer)
     return replace(cfg, recipe=RECIPES[won.column]), probed, f"{note}; {won.note()}"
+
+
+def _no_race(cfg: TrainConfig, data: PreparedData, env: DistEnv, sharded: bool) -> str:
+    """Why this run does not race (its note's words), or "" where it does."""
+    if cfg.model is not None:
+        return "--model named: no race"
+    if env.world_size > 1 or sharded:
+        return "no race across processes"
+    if not data.has_validation:
+        return "no validation split"
+    return ""
