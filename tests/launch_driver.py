@@ -1,4 +1,5 @@
-"""Runs the launcher's supervisor over tests/launch_worker.py: `python tests/launch_driver.py N MODE DIR`.
+"""Runs the launcher's supervisor over tests/launch_worker.py: `python tests/launch_driver.py N
+MODE DIR [ARGS...]` (ARGS go on to each worker).
 
 Prints nothing itself; its exit code is the supervisor's return value.
 """
@@ -21,4 +22,4 @@ plan = LaunchPlan(
     threads=1,
 )
 worker = str(Path(__file__).with_name("launch_worker.py"))
-sys.exit(supervise([sys.executable, worker, mode, out], plan))
+sys.exit(supervise([sys.executable, worker, mode, out, *sys.argv[4:]], plan))

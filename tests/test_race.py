@@ -5,7 +5,12 @@ validation figure trains the whole log."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,6 +30,7 @@ from ncfcli.training import defaults, loop, race
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import RECIPES
 from tests._cli import ncf_prepare
+from tests.conftest import TwoRanks
 
 
 def ncf(*args: Any) -> Any:
@@ -172,6 +178,44 @@ def test_a_ctrl_c_or_an_error_in_the_race_is_one_line_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_says_so(
+    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (the launcher stopping a job whose other rank failed, a `kill`) while racing is
+    the race's one line, its temporary folder gone, SIGTERM's handler as before; a rank whose
+    wait for rank 0's verdict fails (NCF_DIST_TIMEOUT, rank 0 gone) says so in one line."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _, runs = _fake_runs({RECIPES[0]: 0.3, RECIPES[1]: 0.4})
+
+    def killed(cfg: TrainConfig, *args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first
+        return runs(cfg, *args, **kwargs)
+
+    before = signal.getsignal(signal.SIGTERM)
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    cfg = TrainConfig(data_dir=str(untimed))
+    n = 10 * int(data.train_users.shape[0])
+    with pytest.raises(NcfError) as e:
+        race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(killed))
+    assert e.value.exit_code == 130 and "nothing was written" in str(e.value)
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) is before
+
+    def gone(t: Any, env: DistEnv, **how: Any) -> Any:
+        raise RuntimeError("Timed out waiting 600000ms for recv operation to complete\nmore")
+
+    monkeypatch.setattr(race.dist_env, "all_reduce_sum", gone)
+    monkeypatch.setenv("NCF_DIST_TIMEOUT", "600")
+    with pytest.raises(NcfError) as e:
+        race.race_columns(cfg, data, DistEnv(1, 2, 1), backend, n, race.Racer(runs))
+    assert str(e.value) == (
+        "waited 600 s for rank 0's race of the recipes, which did not answer (Timed out waiting "
+        "600000ms for recv operation to complete): set NCF_DIST_TIMEOUT to wait longer, or name"
+        " a recipe with --recipe"
+    )
+
+
 def _in_second_column(monkeypatch: pytest.MonkeyPatch, data: Path) -> int:
     """defaults.TIERS with the first column's bound just under `data`'s training positives."""
     n_train = int(json.loads((data / "meta.json").read_text())["n_train"])
@@ -231,12 +275,113 @@ def test_ncf_train_races_where_the_probe_cannot_choose(
     assert "Traceback" not in res.output and not (tmp_path / "stopped").exists()
 
 
-def test_no_race_across_processes_or_without_a_validation_split(
+def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
+    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_ranks: TwoRanks
+) -> None:
+    """In a run of two ranks only rank 0 trains the race's runs, each as a run of one process
+    on its own device; the other waits, and both return rank 0's race, figures and all."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
+    envs: list[DistEnv] = []
+
+    def recorded(cfg: TrainConfig, progress: Any, env: DistEnv, score_test: bool = True) -> Any:
+        envs.append(env)
+        return train(cfg, progress, env, score_test)
+
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    cfg = TrainConfig(data_dir=str(untimed), select_metric="hr@10")
+    n = 10 * int(data.train_users.shape[0])
+    alone = race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(train))
+    calls.clear()
+    got = two_ranks.run(
+        lambda env: race.race_columns(cfg, data, env, backend, n, race.Racer(recorded))
+    )
+    assert envs == [DistEnv(0, 1, 0), DistEnv(0, 1, 0)] and len(calls) == 2
+    assert got[0] == got[1] and got[0].column == 1 and got[0].figures == (0.31, 0.42)
+    assert (got[1].users, got[1].positives) == (alone.users, alone.positives)
+    assert got[1].note().split("; ")[0] == alone.note().split("; ")[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _worker(
+    untimed: Path, bound: int, out: Path, *flags: str, nproc: int = 0, tmp: Path, **popen: Any
+) -> Any:
+    """`ncf train untimed --out out FLAGS` through tests/launch_worker.py's `train` mode (the
+    first column's bound at `bound`): under the launcher's supervisor with `nproc` gloo workers,
+    or as one process (0); a worker thread each, its temporary folder `tmp`."""
+    here = Path(__file__).parent
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "NCF_DEVICE")}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp))
+    args = [
+        "train",
+        str(tmp),
+        str(bound),
+        str(untimed),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        *flags,
+    ]
+    if nproc:
+        cmd = [sys.executable, str(here / "launch_driver.py"), str(nproc), *args]
+    else:
+        cmd = [sys.executable, str(here / "launch_worker.py"), *args]
+        env.update(RANK="0", WORLD_SIZE="1")
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+
+
+@pytest.mark.slow
+def test_ncf_train_nproc_2_races_on_rank_0_as_one_process_does(
+    untimed: Path, tmp_path: Path
+) -> None:
+    """The real thing on gloo: `ncf train --nproc 2` races where `ncf train` does, with the
+    figures of one process's race, and trains the winner on both ranks. A Ctrl-C during the
+    race stops both ranks at once: one line, exit 130, no run folder, no temporary folder."""
+    bound = int(json.loads((untimed / "meta.json").read_text())["n_train"]) - 1
+    (tmp_path / "tmp").mkdir()
+    flags = ("--epochs", "3", "--seed", "3", "--json", "-q")
+    runs = {n: _worker(untimed, bound, tmp_path / str(n), *flags, nproc=n, tmp=tmp_path / "tmp")
+            for n in (0, 2)}  # fmt: skip
+    got = {}
+    for n, proc in runs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err.decode()
+        got[n] = json.loads(out)
+    notes = [got[n]["recipe_note"].rsplit("; ", 1) for n in (0, 2)]  # [..., "S s"]
+    assert notes[1][0] == notes[0][0] and "; race on " in notes[0][0]
+    assert (got[2]["recipe"], got[2]["validation"]) == (got[0]["recipe"], got[0]["validation"])
+    assert json.loads((tmp_path / "2" / "config.json").read_text())["world_size"] == 2
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ncf-")] == []
+
+    stop = tmp_path / "stopped"
+    proc = _worker(untimed, bound, stop, "--epochs", "500", "--patience", "500", nproc=2,
+                   tmp=tmp_path / "tmp", preexec_fn=_default_sigint)  # fmt: skip
+    said = b""
+    while b"racing" not in said:
+        chunk = proc.stderr.read1(4096)
+        assert chunk, said.decode()
+        said += chunk
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 15  # not the launcher's 30 s grace
+    assert "error: interrupted while racing" in err.decode() and "Traceback" not in err.decode()
+    assert not stop.exists()
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ncf-")] == []
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background shell's children ignore it
+
+
+def test_no_race_under_shard_users_or_without_a_validation_split(
     untimed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Several processes (--nproc, torchrun, --shard users), a dataset without a validation
-    split and a --model named (as `ncf tune`'s trials name theirs) keep the size's column;
-    the note says why."""
+    """--shard users (a rank holds only its users), a dataset without a validation split and a
+    --model named (as `ncf tune`'s trials name theirs) keep the size's column; the note says
+    why."""
     from ncfcli.training.race import raced
 
     def no_race(*args: Any) -> Any:
@@ -247,10 +392,10 @@ def test_no_race_across_processes_or_without_a_validation_split(
     data = load_prepared(untimed, backend)
     cfg = TrainConfig(data_dir=str(untimed))
     n = 600_000
-    for env, sharded, why in ((DistEnv(0, 2, 0), False, "no race across processes"),
-                              (DistEnv(), True, "no race across processes")):  # fmt: skip
-        got, _, note = raced(cfg, data, env, backend, n, sharded, None, "N", race.Racer(no_race))
-        assert got.recipe == RECIPES[1] and note == f"N; {why}"
+    for env in (DistEnv(), DistEnv(0, 2, 0)):
+        got, _, note = raced(cfg, data, env, backend, n, True, None, "N", race.Racer(no_race))
+        assert got.recipe == RECIPES[1]
+        assert note == "N; no race under --shard users (a rank holds only its users)"
     bare = PreparedData(**_without_validation(data))
     got, _, note = raced(cfg, bare, DistEnv(), backend, n, False, None, "N", race.Racer(no_race))
     assert got.recipe == RECIPES[1] and note == "N; no validation split"

@@ -111,12 +111,29 @@ def _drain(seconds: float) -> None:
         time.sleep(0.001)
 
 
-def all_reduce_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """Sum `t` over ranks in place and return it (gloo cannot reduce float64 on CUDA; both fine here)."""
+def all_reduce_sum(t: torch.Tensor, env: DistEnv, *, heed_interrupt: bool = False) -> torch.Tensor:
+    """Sum `t` over ranks in place and return it (gloo cannot reduce float64 on CUDA; both fine here).
+
+    `heed_interrupt`: wait in Python (a poll every POLL_S) rather than inside the backend, so
+    that a Ctrl-C reaches a rank that waits long for another (rank 0's race): a blocking
+    collective hears it only when it returns, and the launcher would kill it after its grace."""
     if env.enabled:
         _hand_over(t)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        if not heed_interrupt:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            return t
+        work = dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
+        try:
+            while not work.is_completed():
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:  # the others will not come: `shutdown` must not wait for it
+            _HANDED[:] = [(h, base) for h, base in _HANDED if h is not t]
+            raise
+        work.wait()  # its error, if it failed (a peer gone, NCF_DIST_TIMEOUT)
     return t
+
+
+POLL_S = 0.05
 
 
 def gather_ints(values: list[int], env: DistEnv, device: str = "cpu") -> list[list[int]]:

@@ -14,28 +14,35 @@ trains the whole log; a tie keeps the first column. Flags the user gave apply to
 sample and the two runs live in a temporary folder that is removed whatever happens; the test
 set is never read.
 
-It runs in a run of one process (`ncf train` without --nproc, not under torchrun or --shard
-users) with a validation split and no --model named (`raced`); elsewhere the size's column
-trains, and the summary says why.
+It runs where there is a validation split and no --model named (`raced`). In a run of several
+processes (--nproc, --gpus, torchrun, several nodes) rank 0 races alone, as a run of one process
+on its own device, while the other ranks wait for its verdict, which every rank then takes
+(`_shared`): each holds the whole log, so the sample is the same. Under --shard users (a rank
+holds only its users, and the first column's sequence term is off) the size's column trains,
+and the summary says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ncfcli.backend import Backend
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import DistEnv
+from ncfcli.launch import distributed as dist_env
+from ncfcli.launch.environment import DistEnv, first_line, timeout_seconds
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES, size_column
@@ -132,7 +139,28 @@ def race_columns(
 ) -> Race:
     """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) with
     the run's own train function (`racer`) and return the winner, saying first that the race
-    runs. A Ctrl-C stops it with one line; nothing it wrote is left."""
+    runs. A Ctrl-C stops it with one line; nothing it wrote is left. Across processes rank 0
+    races as a run of one process on its device and every rank returns its verdict."""
+    won = None
+    if env.is_main:
+        alone = DistEnv(rank=0, world_size=1, local_rank=env.local_rank)
+        with _sigterm_interrupts():
+            won = _race(cfg, data, alone, backend, n_train, racer)
+    if env.enabled:
+        return _shared(won, env, backend, cfg.select_metric or "hr@10")
+    assert won is not None
+    return won
+
+
+def _race(
+    cfg: TrainConfig,
+    data: PreparedData,
+    env: DistEnv,
+    backend: Backend,
+    n_train: int,
+    racer: Racer,
+) -> Race:
+    """`race_columns` in this process alone."""
     t0 = time.perf_counter()
     users = sample_users(
         np.diff(backend.to_numpy(data.user_offsets(backend.xp))),  # each user's positives
@@ -182,6 +210,47 @@ def race_columns(
     return Race(AUTO_COLUMNS[best], tuple(figures), len(users), positives, seconds, metric)
 
 
+def _shared(won: Race | None, env: DistEnv, backend: Backend, metric: str) -> Race:
+    """Rank 0's race (`won`; None on the other ranks) on every rank: the ranks must train the
+    same recipe. The others wait in this collective while rank 0 races (NCF_DIST_TIMEOUT)."""
+    n = len(AUTO_COLUMNS)
+    row = torch.zeros(n + 4, dtype=torch.float64, device=backend.torch_device)
+    if won is not None:
+        found = [won.column, *won.figures, won.users, won.positives, won.seconds]
+        row += torch.tensor(found, dtype=torch.float64, device=row.device)
+    try:
+        got = dist_env.all_reduce_sum(row, env, heed_interrupt=True).cpu().tolist()
+    except RuntimeError as e:  # gloo's timeout, or rank 0 gone
+        raise NcfError(
+            f"waited {timeout_seconds():g} s for rank 0's race of the recipes, which did not "
+            f"answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a recipe "
+            "with --recipe"
+        ) from None
+    return Race(
+        int(got[0]), tuple(got[1 : n + 1]), int(got[n + 1]), int(got[n + 2]), got[n + 3], metric
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM while racing (a launcher stopping the job as another rank failed, a `kill`)
+    raises KeyboardInterrupt, so the race's temporary folder goes and its line is one; Python's
+    default would end the process where it stands. The main thread only (signal's rule)."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _interrupted() -> NcfError:
     return NcfError(
         "interrupted while racing the recipes on a sample of the users; nothing was written: "
@@ -203,22 +272,22 @@ def raced(
 ) -> tuple[TrainConfig, recency.Probe | None, str]:
     """--recipe auto where the probe cannot choose (no time signal, or no time order) in the
     second column's range: the race on a sample of the users (`race_columns`) chooses between the
-    columns' own recipes, in a run of one process with a validation split and no --model
-    named (`ncf tune`'s trials name theirs); elsewhere the size's column trains, and the note
+    columns' own recipes, where there is a validation split, no --model named (`ncf tune`'s
+    trials name theirs) and no --shard users; elsewhere the size's column trains, and the note
     says why."""
-    why = _no_race(cfg, data, env, sharded)
+    why = _no_race(cfg, data, sharded)
     if why:
         return replace(cfg, recipe=RECIPES[size_column(n_train)]), probed, f"{note}; {why}"
     won = race_columns(cfg, data, env, backend, n_train, racer)
     return replace(cfg, recipe=RECIPES[won.column]), probed, f"{note}; {won.note()}"
 
 
-def _no_race(cfg: TrainConfig, data: PreparedData, env: DistEnv, sharded: bool) -> str:
+def _no_race(cfg: TrainConfig, data: PreparedData, sharded: bool) -> str:
     """Why this run does not race (its note's words), or "" where it does."""
     if cfg.model is not None:
         return "--model named: no race"
-    if env.world_size > 1 or sharded:
-        return "no race across processes"
+    if sharded:
+        return "no race under --shard users (a rank holds only its users)"
     if not data.has_validation:
         return "no validation split"
     return ""
