@@ -110,18 +110,18 @@ def test_a_fit_is_allowed_the_longest_fit_of_its_kind_seen(monkeypatch: pytest.M
 
 
 def test_the_first_trial_is_the_default_recipe_auto_would_train() -> None:
-    """In the second column's size range (600k training positives) the first trial is the first
-    column's MF where the validation probe finds a time signal, as `ncf train --recipe auto`
-    trains it, and the size's NeuMF where it finds none; below it, the first column either way.
-    """
+    """In the second column's size range (600k training positives) a first trial is the first
+    column's MF (where the validation probe finds a time signal, or the race: `auto_columns`),
+    as `ncf train --recipe auto` trains it, or the size's NeuMF; below it, the first column."""
     from ncfcli.tuning.space import default_params
 
     meta = {"n_train": 600_000, "n_users": 20_000}
-    timed = default_params(("mf", "neumf"), meta, time_signal=True)
-    untimed = default_params(("mf", "neumf"), meta, time_signal=False)
+    timed = default_params(("mf", "neumf"), meta, column=0)
+    untimed = default_params(("mf", "neumf"), meta)
     assert timed is not None and untimed is not None
     assert (timed["model"], timed["mf.factors"], timed["mf.neg_per_pos"]) == ("mf", 128, 32)
     assert (untimed["model"], untimed["neumf.log2_batch"]) == ("neumf", 16)
+    assert default_params(("mf", "neumf"), meta, column=1) == untimed
     small = {"n_train": 90_000, "n_users": 900}
-    assert default_params(("mf",), small, False) == default_params(("mf",), small, True)
-    assert default_params(("neumf",), meta, time_signal=True) is None  # its kind not searched
+    assert default_params(("mf",), small) == default_params(("mf",), small, column=0)
+    assert default_params(("neumf",), meta, column=0) is None  # its kind not searched

@@ -261,7 +261,7 @@ def test_the_tunes_first_trial_is_the_auto_recipes_column(
         first, *rest = defaults.TIERS
         monkeypatch.setattr(defaults, "TIERS", ((int(meta["n_train"]) - 1, *first[1:]), *rest))
         signal = auto_time_signal(str(out), meta)
-        got[ordered] = (signal, default_params(("mf", "neumf"), meta, signal))
+        got[ordered] = (signal, default_params(("mf", "neumf"), meta, 0 if signal else None))
         study = load_optuna().create_study(direction="maximize")
         requeue(study, TuneConfig(data_dir=str(out), models=("mf", "neumf"), trials=2))
         queued = [t.system_attrs["fixed_params"]["model"] for t in study.get_trials(deepcopy=False)]

@@ -14,7 +14,6 @@ from typing import Any
 from ncfcli.model import kinds
 from ncfcli.training.defaults import (
     AUTO_COLUMNS,
-    auto_column,
     auto_probes,
     column_defaults,
     size_column,
@@ -106,18 +105,14 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def default_params(
-    searched: tuple[str, ...],
-    meta: dict[str, Any],
-    time_signal: bool = False,
-    column: int | None = None,
+    searched: tuple[str, ...], meta: dict[str, Any], column: int | None = None
 ) -> dict[str, Any] | None:
-    """`ncf train`'s defaults (no flags) as this space's parameters, clamped into its ranges:
-    the first trial of a new study, so the search starts from the default and never chooses
-    worse on validation. The column is `column`, or `--recipe auto`'s by size and probe: the
-    size's, or the first where the size is the second column's and the validation probe found
-    a time signal (`time_signal`, `auto_time_signal`). None when its kind is not searched."""
+    """`ncf train`'s defaults (no flags) in defaults.py's `column` (one of `auto_columns`; None:
+    the size's) as this space's parameters, clamped into its ranges: a first trial of a new
+    study, so the search starts from the default and never chooses worse on validation. None
+    when its kind is not searched."""
     n_train = int(meta["n_train"])
-    column = auto_column(n_train, time_signal) if column is None else column
+    column = size_column(n_train) if column is None else column
     d = column_defaults(column, n_train, int(meta["n_users"]))
     kind = d["model"]
     if kind not in searched or kind not in kinds.NCF:
