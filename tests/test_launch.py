@@ -80,6 +80,12 @@ def test_worker_environment() -> None:
         "GROUP_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "29511", "OMP_NUM_THREADS": "3",
     }  # fmt: skip
     assert plan.worker_env(0, base={"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
+    # the node's threads, for a worker that runs alone while the others wait (race.py); none
+    # where the user chose the threads
+    assert env["NCF_NODE_THREADS"] == "12"
+    assert "NCF_NODE_THREADS" not in plan.worker_env(
+        0, base={"OMP_NUM_THREADS": "7", "NCF_NODE_THREADS": "12"}
+    )
     # every rank is a client of the store node 0's launcher holds (not rank 0's own)
     assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from ncfcli.backend import get_backend
@@ -279,13 +280,16 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
     untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_ranks: TwoRanks
 ) -> None:
     """In a run of two ranks only rank 0 trains the race's runs, each as a run of one process
-    on its own device; the other waits, and both return rank 0's race, figures and all."""
+    on its own device and on every thread of its node the launcher shared out (NCF_NODE_THREADS;
+    not one process); the other waits, and both return rank 0's race, figures and all."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
     envs: list[DistEnv] = []
+    threads: list[int] = []
 
     def recorded(cfg: TrainConfig, progress: Any, env: DistEnv, score_test: bool = True) -> Any:
         envs.append(env)
+        threads.append(torch.get_num_threads())
         return train(cfg, progress, env, score_test)
 
     backend = get_backend("cpu")
@@ -294,10 +298,25 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
     n = 10 * int(data.train_users.shape[0])
     alone = race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(train))
     calls.clear()
-    got = two_ranks.run(
-        lambda env: race.race_columns(cfg, data, env, backend, n, race.Racer(recorded))
-    )
-    assert envs == [DistEnv(0, 1, 0), DistEnv(0, 1, 0)] and len(calls) == 2
+    # the launcher shared the node's 3 threads among its workers: rank 0 races on all of them
+    monkeypatch.setenv("NCF_NODE_THREADS", "3")
+    before = torch.get_num_threads()
+
+    def rank(env: DistEnv) -> tuple[race.Race, int]:
+        torch.set_num_threads(1)  # a thread's own count (OpenMP's), as a process's
+        won = race.race_columns(cfg, data, env, backend, n, race.Racer(recorded))
+        return won, torch.get_num_threads()
+
+    try:
+        ranks = two_ranks.run(rank)
+        torch.set_num_threads(1)
+        race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(recorded))  # one process
+    finally:
+        torch.set_num_threads(before)
+    got = [won for won, _ in ranks]
+    assert threads == [3, 3, 1, 1] and [t for _, t in ranks] == [1, 1]  # rank 0's share back
+    del envs[2:]
+    assert envs == [DistEnv(0, 1, 0), DistEnv(0, 1, 0)] and len(calls) == 4
     assert got[0] == got[1] and got[0].column == 1 and got[0].figures == (0.31, 0.42)
     assert (got[1].users, got[1].positives) == (alone.users, alone.positives)
     assert got[1].note().split("; ")[0] == alone.note().split("; ")[0]

@@ -31,6 +31,9 @@ from ncfcli.errors import NcfError
 DEFAULT_TIMEOUT_S = 600.0
 TIMEOUT_ENV = "NCF_DIST_TIMEOUT"
 BACKEND_ENV = "NCF_DIST_BACKEND"  # gloo or nccl instead of the device's default (backend_for)
+# The CPU threads of this node that `ncf train --nproc/--gpus` shared among its workers (set by
+# the launcher only where it chose OMP_NUM_THREADS itself): see `node_threads`.
+NODE_THREADS_ENV = "NCF_NODE_THREADS"
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,15 @@ def timeout_seconds() -> float:
     if seconds <= 0:
         raise NcfError(f"{TIMEOUT_ENV} must be > 0, got {value}")
     return seconds
+
+
+def node_threads() -> int | None:
+    """The threads of this node the launcher shared among its workers (NODE_THREADS_ENV), or
+    None where it did not choose them (a user's OMP_NUM_THREADS, torchrun, one process): a
+    worker that runs alone while the node's others wait (rank 0's race of the recipes) may take
+    them all."""
+    value = os.environ.get(NODE_THREADS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 def backend_for(device: str) -> str:

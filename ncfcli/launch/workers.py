@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import IO, Any
 
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import first_line, timeout_seconds
+from ncfcli.launch.environment import NODE_THREADS_ENV, first_line, timeout_seconds
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,9 @@ class LaunchPlan:
         if "OMP_NUM_THREADS" not in env:  # a user's explicit choice wins
             env["OMP_NUM_THREADS"] = str(self.threads)
             env["MKL_NUM_THREADS"] = str(self.threads)
+            env[NODE_THREADS_ENV] = str(self.threads * self.nproc_per_node)
+        else:
+            env.pop(NODE_THREADS_ENV, None)
         return env
 
 

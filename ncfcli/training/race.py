@@ -16,8 +16,9 @@ set is never read.
 
 It runs where there is a validation split and no --model named (`raced`). In a run of several
 processes (--nproc, --gpus, torchrun, several nodes) rank 0 races alone, as a run of one process
-on its own device, while the other ranks wait for its verdict, which every rank then takes
-(`_shared`): each holds the whole log, so the sample is the same. Under --shard users (a rank
+on its own device (on the node's threads where the launcher shared them out: `_node_threads`),
+while the other ranks wait for its verdict, which every rank then takes (`_shared`): each
+holds the whole log, so the sample is the same. Under --shard users (a rank
 holds only its users, and the first column's sequence term is off) the size's column trains,
 and the summary says why.
 """
@@ -42,7 +43,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.environment import DistEnv, first_line, timeout_seconds
+from ncfcli.launch.environment import DistEnv, first_line, node_threads, timeout_seconds
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES, size_column
@@ -144,7 +145,7 @@ def race_columns(
     won = None
     if env.is_main:
         alone = DistEnv(rank=0, world_size=1, local_rank=env.local_rank)
-        with _sigterm_interrupts():
+        with _sigterm_interrupts(), _node_threads(env):
             won = _race(cfg, data, alone, backend, n_train, racer)
     if env.enabled:
         return _shared(won, env, backend, cfg.select_metric or "hr@10")
@@ -249,6 +250,21 @@ def _sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _node_threads(env: DistEnv) -> Iterator[None]:
+    """Across processes, rank 0 races on every thread of its node that the launcher shared
+    among the workers (`node_threads`; the node's other workers wait meanwhile), and gives its
+    share back after."""
+    threads = torch.get_num_threads()
+    node = node_threads() if env.enabled else None
+    if node is not None and node > threads:
+        torch.set_num_threads(node)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _interrupted() -> NcfError:
