@@ -144,9 +144,8 @@ def race_columns(
     races as a run of one process on its device and every rank returns its verdict."""
     won = None
     if env.is_main:
-        alone = DistEnv(rank=0, world_size=1, local_rank=env.local_rank)
         with _sigterm_interrupts(), _node_threads(env):
-            won = _race(cfg, data, alone, backend, n_train, racer)
+            won = _race(cfg, data, backend, n_train, racer, env.local_rank)
     if env.enabled:
         return _shared(won, env, backend, cfg.select_metric or "hr@10")
     assert won is not None
@@ -154,14 +153,11 @@ def race_columns(
 
 
 def _race(
-    cfg: TrainConfig,
-    data: PreparedData,
-    env: DistEnv,
-    backend: Backend,
-    n_train: int,
-    racer: Racer,
+    cfg: TrainConfig, data: PreparedData, backend: Backend, n_train: int, racer: Racer, device: int
 ) -> Race:
-    """`race_columns` in this process alone."""
+    """`race_columns` in this process alone, its runs each a run of one process on local
+    device `device`."""
+    env = DistEnv(rank=0, world_size=1, local_rank=device)
     t0 = time.perf_counter()
     users = sample_users(
         np.diff(backend.to_numpy(data.user_offsets(backend.xp))),  # each user's positives
