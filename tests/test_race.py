@@ -27,6 +27,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
+from ncfcli.launch.plan import threads_given
 from ncfcli.training import defaults, loop, race
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import RECIPES
@@ -286,10 +287,12 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
     calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
     envs: list[DistEnv] = []
     threads: list[int] = []
+    given: list[bool] = []
 
     def recorded(cfg: TrainConfig, progress: Any, env: DistEnv, score_test: bool = True) -> Any:
         envs.append(env)
         threads.append(torch.get_num_threads())
+        given.append(threads_given())  # the launcher's choice is not the runs' to keep
         return train(cfg, progress, env, score_test)
 
     backend = get_backend("cpu")
@@ -300,6 +303,7 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
     calls.clear()
     # the launcher shared the node's 3 threads among its workers: rank 0 races on all of them
     monkeypatch.setenv("NCF_NODE_THREADS", "3")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     before = torch.get_num_threads()
 
     def rank(env: DistEnv) -> tuple[race.Race, int]:
@@ -315,6 +319,7 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
         torch.set_num_threads(before)
     got = [won for won, _ in ranks]
     assert threads == [3, 3, 1, 1] and [t for _, t in ranks] == [1, 1]  # rank 0's share back
+    assert given == [False, False, True, True] and os.environ["OMP_NUM_THREADS"] == "1"
     del envs[2:]
     assert envs == [DistEnv(0, 1, 0), DistEnv(0, 1, 0)] and len(calls) == 4
     assert got[0] == got[1] and got[0].column == 1 and got[0].figures == (0.31, 0.42)

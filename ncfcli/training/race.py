@@ -26,6 +26,7 @@ and the summary says why.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -250,17 +251,23 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _node_threads(env: DistEnv) -> Iterator[None]:
-    """Across processes, rank 0 races on every thread of its node that the launcher shared
-    among the workers (`node_threads`; the node's other workers wait meanwhile), and gives its
-    share back after."""
+    """Across processes, rank 0 races as one process alone on its node would (the node's other
+    workers wait meanwhile), where the launcher shared the node's threads among the workers
+    (`node_threads`): from all of them, with the thread counts it chose for them out of the
+    way (OMP_NUM_THREADS, which training/device.py reads as the user's), so the race's runs
+    apply their own rules (a core left to the next epoch's builder, small batches on one
+    thread). Its share and the variable come back after."""
     threads = torch.get_num_threads()
     node = node_threads() if env.enabled else None
-    if node is not None and node > threads:
+    chosen = os.environ.pop("OMP_NUM_THREADS", None) if node is not None else None
+    if node is not None:
         torch.set_num_threads(node)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        if chosen is not None:
+            os.environ["OMP_NUM_THREADS"] = chosen
 
 
 def _interrupted() -> NcfError:
