@@ -185,7 +185,8 @@ def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_say
 ) -> None:
     """SIGTERM (the launcher stopping a job whose other rank failed, a `kill`) while racing is
     the race's one line, its temporary folder gone, SIGTERM's handler as before; a rank whose
-    wait for rank 0's verdict fails (NCF_DIST_TIMEOUT, rank 0 gone) says so in one line."""
+    wait for rank 0's verdict fails (NCF_DIST_TIMEOUT, rank 0 gone) says so in one line, and
+    rank 0 whose verdict the others do not take (gone) in another."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _, runs = _fake_runs({RECIPES[0]: 0.3, RECIPES[1]: 0.4})
 
@@ -215,6 +216,12 @@ def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_say
         "waited 600 s for rank 0's race of the recipes, which did not answer (Timed out waiting "
         "600000ms for recv operation to complete): set NCF_DIST_TIMEOUT to wait longer, or name"
         " a recipe with --recipe"
+    )
+    with pytest.raises(NcfError) as e:  # rank 0, whose race is done: the others are gone
+        race.race_columns(cfg, data, DistEnv(0, 2, 0), backend, n, race.Racer(runs))
+    assert str(e.value) == (
+        "the other ranks did not take the race's verdict: Timed out waiting 600000ms for recv "
+        "operation to complete"
     )
 
 

@@ -111,6 +111,9 @@ def _drain(seconds: float) -> None:
         time.sleep(0.001)
 
 
+POLL_S = 0.05  # how often a collective that heeds Ctrl-C looks whether it is done
+
+
 def all_reduce_sum(t: torch.Tensor, env: DistEnv, *, heed_interrupt: bool = False) -> torch.Tensor:
     """Sum `t` over ranks in place and return it (gloo cannot reduce float64 on CUDA; both fine here).
 
@@ -131,9 +134,6 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv, *, heed_interrupt: bool = Fals
             raise
         work.wait()  # its error, if it failed (a peer gone, NCF_DIST_TIMEOUT)
     return t
-
-
-POLL_S = 0.05
 
 
 def gather_ints(values: list[int], env: DistEnv, device: str = "cpu") -> list[list[int]]:

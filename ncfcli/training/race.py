@@ -18,9 +18,9 @@ It runs where there is a validation split and no --model named (`raced`). In a r
 processes (--nproc, --gpus, torchrun, several nodes) rank 0 races alone, as a run of one process
 on its own device (on the node's threads where the launcher shared them out: `_node_threads`),
 while the other ranks wait for its verdict, which every rank then takes (`_shared`): each
-holds the whole log, so the sample is the same. Under --shard users (a rank
-holds only its users, and the first column's sequence term is off) the size's column trains,
-and the summary says why.
+holds the whole log, so the sample is the same. Under --shard users (a rank holds only its
+users, and the first column's sequence term is off) the size's column trains, and the summary
+says why.
 """
 
 from __future__ import annotations
@@ -218,7 +218,11 @@ def _shared(won: Race | None, env: DistEnv, backend: Backend, metric: str) -> Ra
         row += torch.tensor(found, dtype=torch.float64, device=row.device)
     try:
         got = dist_env.all_reduce_sum(row, env, heed_interrupt=True).cpu().tolist()
-    except RuntimeError as e:  # gloo's timeout, or rank 0 gone
+    except RuntimeError as e:  # gloo's timeout, or a rank gone
+        if env.is_main:
+            raise NcfError(
+                f"the other ranks did not take the race's verdict: {first_line(e)}"
+            ) from None
         raise NcfError(
             f"waited {timeout_seconds():g} s for rank 0's race of the recipes, which did not "
             f"answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a recipe "
