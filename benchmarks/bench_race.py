@@ -19,7 +19,6 @@ error of that figure exits 1.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from _common import MISSED, machine, ncf_json
 from ncfcli.backend import get_backend
 from ncfcli.data.store import load_prepared
 from ncfcli.launch.environment import DistEnv
+from ncfcli.scoring.selection import slack_of
 from ncfcli.training import loop
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES
@@ -68,8 +68,7 @@ def check(data: Path, work: Path, seed: int) -> bool:
     best = max(AUTO_COLUMNS, key=lambda c: runs[c]["validation"])
     gap = runs[best]["validation"] - runs[won.column]["validation"]
     users = int(prepared.valid_users.shape[0])
-    p = runs[best]["validation"]
-    se = math.sqrt(p * (1 - p) / max(users, 1))
+    se = slack_of("se", runs[best]["validation"], users)  # one standard error, as --select-slack
     share = won.seconds / runs[won.column]["wall"]
     ok = gap <= se
     verdict = "the same column" if won.column == best else f"the other column, {gap:.4f} behind"
