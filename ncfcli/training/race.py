@@ -47,7 +47,7 @@ from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv, first_line, node_threads, timeout_seconds
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
-from ncfcli.training.defaults import AUTO_COLUMNS, RECIPES, size_column
+from ncfcli.training.defaults import AUTO_COLUMNS, BASE, RECIPES, size_column
 
 RACE_POSITIVES = 100_000  # the sample's training positives, about (the users' whole rows)
 RACE_SHARE = 5  # and at most 1 / RACE_SHARE of the run's
@@ -148,7 +148,7 @@ def race_columns(
         with _sigterm_interrupts(), _node_threads(env):
             won = _race(cfg, data, backend, n_train, racer, env.local_rank)
     if env.enabled:
-        return _shared(won, env, backend, cfg.select_metric or "hr@10")
+        return _shared(won, env, backend, _metric(cfg))
     assert won is not None
     return won
 
@@ -166,7 +166,7 @@ def _race(
         cfg.seed if cfg.seed is not None else 0,
     )
     work = Path(tempfile.mkdtemp(prefix="ncf-race-"))
-    metric = cfg.select_metric or "hr@10"
+    metric = _metric(cfg)
     figures = []
     try:
         positives = write_sample(data, users, work / "data", backend)
@@ -206,6 +206,11 @@ def _race(
     best = max(range(len(figures)), key=lambda i: (figures[i], -i))  # a tie: the first column
     seconds = time.perf_counter() - t0
     return Race(AUTO_COLUMNS[best], tuple(figures), len(users), positives, seconds, metric)
+
+
+def _metric(cfg: TrainConfig) -> str:
+    """The validation figure the race compares: --select-metric, or its default."""
+    return str(cfg.select_metric or BASE["select_metric"])
 
 
 def _shared(won: Race | None, env: DistEnv, backend: Backend, metric: str) -> Race:
