@@ -1,7 +1,9 @@
-"""Command-line helpers the tests share: `ncf prepare` run in-process, and its one-line error."""
+"""Command-line helpers the tests share: `ncf prepare` run in-process, its one-line error, and a
+child process that hears Ctrl-C."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from typer.testing import CliRunner
@@ -19,3 +21,9 @@ def one_line_error(res: Any) -> str:
     text = res.output.strip()
     assert res.exit_code == 1 and "\n" not in text and "Traceback" not in text, res.output
     return text
+
+
+def hears_ctrl_c() -> None:
+    """A child process's `preexec_fn`: SIGINT's default action back, which a shell's background
+    job (and so every process it starts) ignores, and with it Python's KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._cli import hears_ctrl_c
+
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks" / "bench_time_to_quality.py"
 CELL = re.compile(r"^(\d+\.\d+) \((\d+\.\d+)-(\d+\.\d+)\)$")
@@ -219,7 +221,8 @@ def test_ctrl_c_in_a_conversion_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "out" / "big.csv"
     out.parent.mkdir()
     proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "sequences_csv.py"),
-                             str(source), str(out)], stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             str(source), str(out)], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=hears_ctrl_c)  # fmt: skip
     deadline = time.monotonic() + 60
     while not any(out.parent.iterdir()) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # until its temporary file is being written

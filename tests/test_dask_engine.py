@@ -26,6 +26,7 @@ from ncfcli.data.config import PrepareConfig
 from ncfcli.data.engines import dask as dask_engine
 from ncfcli.data.engines.choose import choose_engine
 from ncfcli.data.store import load_id_maps, read_arrays, read_meta
+from tests._cli import hears_ctrl_c
 from tests.test_holdout import read_items
 
 pytest.importorskip("distributed")
@@ -381,7 +382,7 @@ def _interrupted(cmd: list[str], tmp_path: Path, when: str) -> tuple[str, int, i
     # background job of a script): an ignored signal stays ignored in every child.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=hears_ctrl_c)  # fmt: skip
     records = tmp_path / ".out.tmp-partial" / ".resume"
     try:
         deadline = time.monotonic() + 120

@@ -31,6 +31,7 @@ from ncfcli.launch.plan import (
     strip_launch_args,
     supervise,
 )
+from tests._cli import hears_ctrl_c
 
 HERE = Path(__file__).parent
 DRIVER = HERE / "launch_driver.py"
@@ -255,7 +256,7 @@ def test_interrupt_reaches_every_worker_once(tmp_path: Path, sig: int) -> None:
     # runner was started with SIGINT ignored (a background job of a script).
     proc = subprocess.Popen([sys.executable, str(DRIVER), "2", "sigint", str(tmp_path)],
                             stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=hears_ctrl_c)  # fmt: skip
     deadline = time.monotonic() + 30
     while not all((tmp_path / f"ready{r}").exists() for r in range(2)):
         assert time.monotonic() < deadline and proc.poll() is None

@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,11 +28,10 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import load_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
-from ncfcli.launch.plan import threads_given
 from ncfcli.training import defaults, loop, race
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import RECIPES
-from tests._cli import ncf_prepare
+from tests._cli import hears_ctrl_c, ncf_prepare
 from tests.conftest import TwoRanks
 
 
@@ -157,6 +157,26 @@ def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
     assert _race(untimed, _fake_runs({RECIPES[0]: 0.6, RECIPES[1]: 0.5})[1]).column == 0
 
 
+def test_the_verdict_takes_each_racers_figures_and_the_slowest_racers_seconds() -> None:
+    """The racing ranks' heats make one race: each column's figure from the rank that raced
+    it, the sample from rank 0's, the seconds the slower racer's (they race at once); a tie
+    keeps the first column."""
+    heats: list[race.Heat | None] = [
+        race.Heat((0,), (0.5,), 12, 340, 7.5),
+        race.Heat((1,), (0.625,), 12, 340, 9.25),
+    ]
+    won = race._verdict(heats, 2, "ndcg@10")
+    assert won == race.Race(1, (0.5, 0.625), 12, 340, 9.25, "ndcg@10")
+    assert won.note() == (
+        "race on 12 users' 340 training positives, validation ndcg@10: ml-100k 0.5000, "
+        "ml-1m 0.6250; 9 s"
+    )
+    tie = [race.Heat((0,), (0.5,), 12, 340, 9.0), race.Heat((1,), (0.5,), 12, 340, 3.0), None]
+    assert race._verdict(tie, 2, "hr@10") == race.Race(0, (0.5, 0.5), 12, 340, 9.0, "hr@10")
+    alone = [race.Heat((0, 1), (0.25, 0.125), 5, 60, 4.0)]
+    assert race._verdict(alone, 1, "hr@10") == race.Race(0, (0.25, 0.125), 5, 60, 4.0, "hr@10")
+
+
 @pytest.mark.parametrize("how", ["KeyboardInterrupt", "the loop's own Ctrl-C", "an error"])
 def test_a_ctrl_c_or_an_error_in_the_race_is_one_line_and_leaves_nothing(
     how: str, untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -185,8 +205,8 @@ def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_say
 ) -> None:
     """SIGTERM (the launcher stopping a job whose other rank failed, a `kill`) while racing is
     the race's one line, its temporary folder gone, SIGTERM's handler as before; a rank whose
-    wait for rank 0's verdict fails (NCF_DIST_TIMEOUT, rank 0 gone) says so in one line, and
-    rank 0 whose verdict the others do not take (gone) in another."""
+    wait for the racers' verdict fails (NCF_DIST_TIMEOUT, a racer gone) says so in one line,
+    and a racer whose verdict the others do not take (gone) in another."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     _, runs = _fake_runs({RECIPES[0]: 0.3, RECIPES[1]: 0.4})
 
@@ -210,19 +230,20 @@ def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_say
 
     monkeypatch.setattr(race.dist_env, "all_reduce_sum", gone)
     monkeypatch.setenv("NCF_DIST_TIMEOUT", "600")
-    with pytest.raises(NcfError) as e:
-        race.race_columns(cfg, data, DistEnv(1, 2, 1), backend, n, race.Racer(runs))
+    with pytest.raises(NcfError) as e:  # rank 2 of 3, which does not race
+        race.race_columns(cfg, data, DistEnv(2, 3, 2), backend, n, race.Racer(runs))
     assert str(e.value) == (
-        "waited 600 s for rank 0's race of the recipes, which did not answer (Timed out waiting "
-        "600000ms for recv operation to complete): set NCF_DIST_TIMEOUT to wait longer, or name"
-        " a recipe with --recipe"
+        "waited 600 s for the race of the recipes on ranks 0 and 1, which did not answer (Timed "
+        "out waiting 600000ms for recv operation to complete): set NCF_DIST_TIMEOUT to wait "
+        "longer, or name a recipe with --recipe"
     )
-    with pytest.raises(NcfError) as e:  # rank 0, whose race is done: the others are gone
-        race.race_columns(cfg, data, DistEnv(0, 2, 0), backend, n, race.Racer(runs))
-    assert str(e.value) == (
-        "the other ranks did not take the race's verdict: Timed out waiting 600000ms for recv "
-        "operation to complete"
-    )
+    for racing in (0, 1):  # a racer, whose run is done: the others are gone
+        with pytest.raises(NcfError) as e:
+            race.race_columns(cfg, data, DistEnv(racing, 3, racing), backend, n, race.Racer(runs))
+        assert str(e.value) == (
+            "the other ranks did not take the race's verdict: Timed out waiting 600000ms for "
+            "recv operation to complete"
+        )
 
 
 def _in_second_column(monkeypatch: pytest.MonkeyPatch, data: Path) -> int:
@@ -284,22 +305,28 @@ def test_ncf_train_races_where_the_probe_cannot_choose(
     assert "Traceback" not in res.output and not (tmp_path / "stopped").exists()
 
 
-def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
-    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_ranks: TwoRanks
+@pytest.mark.parametrize("per_node", [2, 1])
+def test_across_processes_ranks_0_and_1_race_a_column_each_and_every_rank_takes_the_verdict(
+    per_node: int,
+    untimed: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    two_ranks: TwoRanks,
 ) -> None:
-    """In a run of two ranks only rank 0 trains the race's runs, each as a run of one process
-    on its own device and on every thread of its node the launcher shared out (NCF_NODE_THREADS;
-    not one process); the other waits, and both return rank 0's race, figures and all."""
+    """In a run of two ranks rank 0 trains the first column's run and rank 1 the second's, at
+    once, each as a run of one process on its own device and on its share of the threads the
+    launcher shared out on its node (NCF_NODE_THREADS): half each, fixed as a worker's, where
+    both ranks are on one node (LOCAL_WORLD_SIZE 2); all of them, a lone process's rules, where
+    each is alone on its node (1). Both return the race one process finds, figures and all."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     calls, train = _fake_runs({RECIPES[0]: 0.31, RECIPES[1]: 0.42})
-    envs: list[DistEnv] = []
-    threads: list[int] = []
-    given: list[bool] = []
+    inside = threading.Barrier(2, timeout=60)  # both racers in their runs at once
+    seen: dict[str, tuple[DistEnv, int, str | None]] = {}
 
     def recorded(cfg: TrainConfig, progress: Any, env: DistEnv, score_test: bool = True) -> Any:
-        envs.append(env)
-        threads.append(torch.get_num_threads())
-        given.append(threads_given())  # the launcher's choice is not the runs' to keep
+        inside.wait()
+        seen[cfg.recipe] = (env, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+        inside.wait()  # neither racer gives its threads back before both have looked
         return train(cfg, progress, env, score_test)
 
     backend = get_backend("cpu")
@@ -308,31 +335,67 @@ def test_across_processes_rank_0_races_alone_and_every_rank_takes_its_verdict(
     n = 10 * int(data.train_users.shape[0])
     alone = race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(train))
     calls.clear()
-    # the launcher shared the node's 3 threads among its workers: rank 0 races on all of them
-    monkeypatch.setenv("NCF_NODE_THREADS", "3")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("NCF_NODE_THREADS", "4")  # the launcher shared the node's 4 threads
+    monkeypatch.setenv("OMP_NUM_THREADS", str(4 // per_node))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
+    monkeypatch.setattr(os, "environ", RankEnviron(os.environ))  # a process's own, each rank
     before = torch.get_num_threads()
+    said: list[str] = []
 
-    def rank(env: DistEnv) -> tuple[race.Race, int]:
+    def rank(env: DistEnv) -> tuple[race.Race, tuple[int, str | None]]:
+        env = DistEnv(env.rank, env.world_size, env.rank % per_node)
         torch.set_num_threads(1)  # a thread's own count (OpenMP's), as a process's
-        won = race.race_columns(cfg, data, env, backend, n, race.Racer(recorded))
-        return won, torch.get_num_threads()
+        say = said.append if env.is_main else None  # as loop.train's racer: rank 0 speaks
+        won = race.race_columns(cfg, data, env, backend, n, race.Racer(recorded, say))
+        return won, (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
 
     try:
         ranks = two_ranks.run(rank)
-        torch.set_num_threads(1)
-        race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(recorded))  # one process
     finally:
         torch.set_num_threads(before)
     got = [won for won, _ in ranks]
-    assert threads == [3, 3, 1, 1] and [t for _, t in ranks] == [1, 1]  # rank 0's share back
-    assert given == [False, False, True, True] and os.environ["OMP_NUM_THREADS"] == "1"
-    del envs[2:]
-    assert envs == [DistEnv(0, 1, 0), DistEnv(0, 1, 0)] and len(calls) == 4
-    assert got[0] == got[1] and got[0].column == 1 and got[0].figures == (0.31, 0.42)
+    share, omp = (2, "2") if per_node == 2 else (4, None)
+    assert seen == {
+        RECIPES[0]: (DistEnv(0, 1, 0), share, omp),
+        RECIPES[1]: (DistEnv(0, 1, 1 % per_node), share, omp),
+    }
+    assert [after for _, after in ranks] == [(1, str(4 // per_node))] * 2  # given back
+    assert len(calls) == 2 and got[0] == got[1]
+    assert said == [
+        f"--recipe auto: racing ml-100k (rank 0) and ml-1m (rank 1) on {alone.users:,} users' "
+        f"{alone.positives:,} training positives (the validation probe cannot choose)"
+    ]
+    assert got[0].column == 1 and got[0].figures == (0.31, 0.42) == alone.figures
     assert (got[1].users, got[1].positives) == (alone.users, alone.positives)
-    assert got[1].note().split("; ")[0] == alone.note().split("; ")[0]
+    assert got[1].note().rsplit("; ", 1)[0] == alone.note().rsplit("; ", 1)[0]
     assert list(tmp_path.iterdir()) == []
+
+
+class RankEnviron(MutableMapping[str, str]):
+    """os.environ as each fake rank (a thread) would have it in a process of its own: a copy
+    of the environment a thread, made at its first use."""
+
+    def __init__(self, base: Mapping[str, str]) -> None:
+        self.base = dict(base)
+        self.own: dict[int, dict[str, str]] = {}
+
+    def _mine(self) -> dict[str, str]:
+        return self.own.setdefault(threading.get_ident(), dict(self.base))
+
+    def __getitem__(self, key: str) -> str:
+        return self._mine()[key]
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self._mine()[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._mine()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict(self._mine()))
+
+    def __len__(self) -> int:
+        return len(self._mine())
 
 
 def _worker(
@@ -364,12 +427,13 @@ def _worker(
 
 
 @pytest.mark.slow
-def test_ncf_train_nproc_2_races_on_rank_0_as_one_process_does(
+def test_ncf_train_nproc_2_races_a_column_a_rank_as_one_process_does(
     untimed: Path, tmp_path: Path
 ) -> None:
-    """The real thing on gloo: `ncf train --nproc 2` races where `ncf train` does, with the
-    figures of one process's race, and trains the winner on both ranks. A Ctrl-C during the
-    race stops both ranks at once: one line, exit 130, no run folder, no temporary folder."""
+    """The real thing on gloo: `ncf train --nproc 2` races where `ncf train` does, a column on
+    each rank, with the figures of one process's race, and trains the winner on both ranks. A
+    Ctrl-C during the race stops every rank at once (3 here: the racers, and rank 2 that waits
+    for them): one line, exit 130, no run folder, no temporary folder."""
     bound = int(json.loads((untimed / "meta.json").read_text())["n_train"]) - 1
     (tmp_path / "tmp").mkdir()
     flags = ("--epochs", "3", "--seed", "3", "--json", "-q")
@@ -387,13 +451,15 @@ def test_ncf_train_nproc_2_races_on_rank_0_as_one_process_does(
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ncf-")] == []
 
     stop = tmp_path / "stopped"
-    proc = _worker(untimed, bound, stop, "--epochs", "500", "--patience", "500", nproc=2,
-                   tmp=tmp_path / "tmp", preexec_fn=_default_sigint)  # fmt: skip
+    # three ranks: rank 2 waits for the racers in the collective while they train
+    proc = _worker(untimed, bound, stop, "--epochs", "500", "--patience", "500", nproc=3,
+                   tmp=tmp_path / "tmp", preexec_fn=hears_ctrl_c)  # fmt: skip
     said = b""
-    while b"racing" not in said:
+    while b"cannot choose)" not in said:  # the line before the race
         chunk = proc.stderr.read1(4096)
         assert chunk, said.decode()
         said += chunk
+    assert b"--recipe auto: racing ml-100k (rank 0) and ml-1m (rank 1) on " in said
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -401,10 +467,6 @@ def test_ncf_train_nproc_2_races_on_rank_0_as_one_process_does(
     assert "error: interrupted while racing" in err.decode() and "Traceback" not in err.decode()
     assert not stop.exists()
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ncf-")] == []
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background shell's children ignore it
 
 
 def test_no_race_under_shard_users_or_without_a_validation_split(

@@ -29,6 +29,7 @@ from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
 from ncfcli.training import recency, shard, stream
+from tests._cli import hears_ctrl_c
 
 CPU = get_backend("cpu")
 RANK = DistEnv(rank=1, world_size=2)
@@ -243,7 +244,7 @@ def test_ctrl_c_mid_epoch_and_resume_equal_a_run_left_alone(data_dir: Path, tmp_
     proc = subprocess.Popen([sys.executable, "-m", "ncfcli", *common, "--out", str(stopped)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ncf_env(), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=hears_ctrl_c)  # fmt: skip
     deadline = time.monotonic() + 200
     metrics = stopped / "metrics.jsonl"
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from ncfcli.cli import app
 from ncfcli.tuning.search import spent
+from tests._cli import hears_ctrl_c
 
 pytest.importorskip("optuna")
 
@@ -226,7 +227,7 @@ def _interrupt_after_first_trial(cmd: list[str], env: dict[str, str]) -> tuple[i
     # background job of a script): an ignored signal stays ignored in every child.
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+                            preexec_fn=hears_ctrl_c)  # fmt: skip
     lines: list[str] = []
     first = threading.Event()
 

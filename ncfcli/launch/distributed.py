@@ -118,7 +118,7 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv, *, heed_interrupt: bool = Fals
     """Sum `t` over ranks in place and return it (gloo cannot reduce float64 on CUDA; both fine here).
 
     `heed_interrupt`: wait in Python (a poll every POLL_S) rather than inside the backend, so
-    that a Ctrl-C reaches a rank that waits long for another (rank 0's race): a blocking
+    that a Ctrl-C reaches a rank that waits long for others (the recipes' race): a blocking
     collective hears it only when it returns, and the launcher would kill it after its grace."""
     if env.enabled:
         _hand_over(t)
@@ -137,12 +137,38 @@ def all_reduce_sum(t: torch.Tensor, env: DistEnv, *, heed_interrupt: bool = Fals
 
 
 def gather_ints(values: list[int], env: DistEnv, device: str = "cpu") -> list[list[int]]:
-    """Every rank's `values` (the same length on each), indexed by rank: each rank fills its
-    own row of a zero table and the sum is the table (an all-reduce, which gloo and NCCL both
-    have for int64 on their devices; all_gather_object would pickle)."""
-    table = torch.zeros(env.world_size, len(values), dtype=torch.int64, device=device)
-    table[env.rank] = torch.tensor(values, dtype=torch.int64)
-    return [[int(v) for v in row] for row in all_reduce_sum(table, env).cpu().tolist()]
+    """Every rank's `values` (the same length on each), indexed by rank (`_gathered`)."""
+    table = _gathered(values, torch.int64, env, device, heed_interrupt=False)
+    return [[int(v) for v in row] for row in table.cpu().tolist()]
+
+
+def gather_floats(
+    values: list[float],
+    env: DistEnv,
+    device: str | torch.device = "cpu",
+    *,
+    heed_interrupt: bool = False,
+) -> list[list[float]]:
+    """Every rank's `values` (float64, the same length on each), indexed by rank: a verdict one
+    rank or a few reach (the validation probe's, the race's) for every rank to take alike."""
+    table = _gathered(values, torch.float64, env, device, heed_interrupt=heed_interrupt)
+    return [[float(v) for v in row] for row in table.cpu().tolist()]
+
+
+def _gathered(
+    values: list[Any],
+    dtype: torch.dtype,
+    env: DistEnv,
+    device: str | torch.device,
+    *,
+    heed_interrupt: bool,
+) -> torch.Tensor:
+    """Each rank fills its own row of a zero table and the sum is the table (an all-reduce,
+    which gloo and NCCL both have for these dtypes on their devices; all_gather_object would
+    pickle)."""
+    table = torch.zeros(env.world_size, len(values), dtype=dtype, device=device)
+    table[env.rank] = torch.tensor(values, dtype=dtype)
+    return all_reduce_sum(table, env, heed_interrupt=heed_interrupt)
 
 
 def all_gather(t: torch.Tensor, env: DistEnv) -> list[torch.Tensor]:

@@ -158,11 +158,17 @@ def timeout_seconds() -> float:
 
 def node_threads() -> int | None:
     """The threads of this node the launcher shared among its workers (NODE_THREADS_ENV), or
-    None where it did not choose them (a user's OMP_NUM_THREADS, torchrun, one process): a
-    worker that runs alone while the node's others wait (rank 0's race of the recipes) may take
+    None where it did not choose them (a user's OMP_NUM_THREADS, torchrun, one process): the
+    workers that run while the node's others wait (ranks 0 and 1 racing the recipes) may share
     them all."""
     value = os.environ.get(NODE_THREADS_ENV, "")
     return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def local_world_size() -> int | None:
+    """The workers on this node (LOCAL_WORLD_SIZE: this launcher and torchrun set it), or None
+    where it is not set (one process)."""
+    return _int_env(os.environ, "LOCAL_WORLD_SIZE")
 
 
 def backend_for(device: str) -> str:

@@ -15,12 +15,12 @@ sample and the two runs live in a temporary folder that is removed whatever happ
 set is never read.
 
 It runs where there is a validation split and no --model named (`raced`). In a run of several
-processes (--nproc, --gpus, torchrun, several nodes) rank 0 races alone, as a run of one process
-on its own device (on the node's threads where the launcher shared them out: `_node_threads`),
-while the other ranks wait for its verdict, which every rank then takes (`_shared`): each
-holds the whole log, so the sample is the same. Under --shard users (a rank holds only its
-users, and the first column's sequence term is off) the size's column trains, and the summary
-says why.
+processes (--nproc, --gpus, torchrun, several nodes) ranks 0 and 1 race one column each at once
+(`columns_of`), each as a run of one process on its own device (on its share of the node's
+threads where the launcher shared them out: `_node_threads`), while the other ranks wait;
+every rank then takes their verdict (`_shared`): each holds the whole log, so the sample is
+the same. Under --shard users (a rank holds only its users, and the first column's sequence
+term is off) the size's column trains, and the summary says why.
 """
 
 from __future__ import annotations
@@ -44,7 +44,13 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.environment import DistEnv, first_line, node_threads, timeout_seconds
+from ncfcli.launch.environment import (
+    DistEnv,
+    first_line,
+    local_world_size,
+    node_threads,
+    timeout_seconds,
+)
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, BASE, RECIPES, size_column
@@ -141,23 +147,48 @@ def race_columns(
 ) -> Race:
     """Train each of AUTO_COLUMNS' recipes on a sample of the users (module docstring) with
     the run's own train function (`racer`) and return the winner, saying first that the race
-    runs. A Ctrl-C stops it with one line; nothing it wrote is left. Across processes rank 0
-    races as a run of one process on its device and every rank returns its verdict."""
-    won = None
-    if env.is_main:
-        with _sigterm_interrupts(), _node_threads(env):
-            won = _race(cfg, data, backend, n_train, racer, env.local_rank)
-    if env.enabled:
-        return _shared(won, env, backend, _metric(cfg))
-    assert won is not None
-    return won
+    runs. A Ctrl-C stops it with one line; nothing it wrote is left. Across processes ranks 0
+    and 1 race one column each at once (`columns_of`), each as a run of one process on its
+    device, and every rank returns their verdict."""
+    racers = min(len(AUTO_COLUMNS), env.world_size)
+    mine = columns_of(env.rank, racers)
+    heat = None
+    if mine:
+        with _sigterm_interrupts(), _node_threads(env, racers):
+            heat = _heat(cfg, data, backend, n_train, racer, env.local_rank, mine)
+    heats = _shared(heat, env, backend, racers) if env.enabled else [heat]
+    return _verdict(heats, racers, _metric(cfg))
 
 
-def _race(
-    cfg: TrainConfig, data: PreparedData, backend: Backend, n_train: int, racer: Racer, device: int
-) -> Race:
-    """`race_columns` in this process alone, its runs each a run of one process on local
-    device `device`."""
+def columns_of(rank: int, racers: int) -> tuple[int, ...]:
+    """The columns rank `rank` races where `racers` ranks race: all of them in a run of one
+    process, one each on ranks 0 and 1 across processes, none on the other ranks."""
+    return AUTO_COLUMNS[rank::racers] if rank < racers else ()
+
+
+@dataclass(frozen=True)
+class Heat:
+    """What one racing rank found: its columns (`columns_of`) and their validation figures, the
+    sample's users and training positives (the same on every racing rank), its seconds."""
+
+    columns: tuple[int, ...]
+    figures: tuple[float, ...]
+    users: int
+    positives: int
+    seconds: float
+
+
+def _heat(
+    cfg: TrainConfig,
+    data: PreparedData,
+    backend: Backend,
+    n_train: int,
+    racer: Racer,
+    device: int,
+    columns: tuple[int, ...],
+) -> Heat:
+    """`columns`' runs in this process, each a run of one process on local device `device`, on
+    the seeded sample of the users (the same on every rank: each holds the whole log)."""
     env = DistEnv(rank=0, world_size=1, local_rank=device)
     t0 = time.perf_counter()
     users = sample_users(
@@ -171,12 +202,11 @@ def _race(
     try:
         positives = write_sample(data, users, work / "data", backend)
         if racer.say is not None:
-            names = " and ".join(RECIPES[c] for c in AUTO_COLUMNS)
             racer.say(
-                f"--recipe auto: racing {names} on {len(users):,} users' {positives:,} training "
-                "positives (the validation probe cannot choose)"
+                f"--recipe auto: racing {_racing(columns)} on {len(users):,} users' "
+                f"{positives:,} training positives (the validation probe cannot choose)"
             )
-        for column in AUTO_COLUMNS:
+        for column in columns:
             run = replace(
                 cfg,
                 data_dir=str(work / "data"),
@@ -197,15 +227,33 @@ def _race(
         if e.exit_code == INTERRUPTED:  # a run's own Ctrl-C, after its step
             raise _interrupted() from None
         raise NcfError(
-            f"--recipe auto raced {RECIPES[AUTO_COLUMNS[len(figures)]]} on a sample of the "
+            f"--recipe auto raced {RECIPES[columns[len(figures)]]} on a sample of the "
             f"users, and it failed: {e}; or name a recipe with --recipe",
             exit_code=e.exit_code,
         ) from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return Heat(columns, tuple(figures), len(users), positives, time.perf_counter() - t0)
+
+
+def _racing(columns: tuple[int, ...]) -> str:
+    """What the line before the race names: both recipes, or where this rank races one, each
+    with its rank."""
+    if len(columns) == len(AUTO_COLUMNS):
+        return " and ".join(RECIPES[c] for c in AUTO_COLUMNS)
+    return " and ".join(f"{RECIPES[c]} (rank {r})" for r, c in enumerate(AUTO_COLUMNS))
+
+
+def _verdict(heats: list[Heat | None], racers: int, metric: str) -> Race:
+    """The race from the racing ranks' heats (`heats[r]`: rank r's): the better figure wins, a
+    tie keeping the first column; its seconds are the slowest racer's."""
+    raced = [h for h in heats[:racers] if h is not None]
+    assert len(raced) == racers
+    found = {c: f for h in raced for c, f in zip(h.columns, h.figures, strict=True)}
+    figures = tuple(found[c] for c in AUTO_COLUMNS)
     best = max(range(len(figures)), key=lambda i: (figures[i], -i))  # a tie: the first column
-    seconds = time.perf_counter() - t0
-    return Race(AUTO_COLUMNS[best], tuple(figures), len(users), positives, seconds, metric)
+    seconds = max(h.seconds for h in raced)
+    return Race(AUTO_COLUMNS[best], figures, raced[0].users, raced[0].positives, seconds, metric)
 
 
 def _metric(cfg: TrainConfig) -> str:
@@ -213,29 +261,33 @@ def _metric(cfg: TrainConfig) -> str:
     return str(cfg.select_metric or BASE["select_metric"])
 
 
-def _shared(won: Race | None, env: DistEnv, backend: Backend, metric: str) -> Race:
-    """Rank 0's race (`won`; None on the other ranks) on every rank: the ranks must train the
-    same recipe. The others wait in this collective while rank 0 races (NCF_DIST_TIMEOUT)."""
+def _shared(heat: Heat | None, env: DistEnv, backend: Backend, racers: int) -> list[Heat | None]:
+    """Every racing rank's heat (`heat`: this rank's; None on a rank that does not race), on
+    every rank: the ranks must train the same recipe. The others wait in this collective while
+    ranks 0 and 1 race (NCF_DIST_TIMEOUT)."""
     n = len(AUTO_COLUMNS)
-    row = torch.zeros(n + 4, dtype=torch.float64, device=backend.torch_device)
-    if won is not None:
-        found = [won.column, *won.figures, won.users, won.positives, won.seconds]
-        row += torch.tensor(found, dtype=torch.float64, device=row.device)
+    row = [0.0] * (n + 3)
+    if heat is not None:
+        row[: len(heat.figures) + 3] = [heat.users, heat.positives, heat.seconds, *heat.figures]
     try:
-        got = dist_env.all_reduce_sum(row, env, heed_interrupt=True).cpu().tolist()
+        table = dist_env.gather_floats(row, env, backend.torch_device, heed_interrupt=True)
     except RuntimeError as e:  # gloo's timeout, or a rank gone
-        if env.is_main:
+        if heat is not None:
             raise NcfError(
                 f"the other ranks did not take the race's verdict: {first_line(e)}"
             ) from None
+        who = " and ".join(str(r) for r in range(racers))
         raise NcfError(
-            f"waited {timeout_seconds():g} s for rank 0's race of the recipes, which did not "
-            f"answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a recipe "
+            f"waited {timeout_seconds():g} s for the race of the recipes on ranks {who}, which "
+            f"did not answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a recipe "
             "with --recipe"
         ) from None
-    return Race(
-        int(got[0]), tuple(got[1 : n + 1]), int(got[n + 1]), int(got[n + 2]), got[n + 3], metric
-    )
+    heats: list[Heat | None] = []
+    for r, got in enumerate(table[:racers]):
+        columns = columns_of(r, racers)
+        figures = tuple(got[3 : 3 + len(columns)])
+        heats.append(Heat(columns, figures, int(got[0]), int(got[1]), got[2]))
+    return heats
 
 
 @contextlib.contextmanager
@@ -259,24 +311,41 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _node_threads(env: DistEnv) -> Iterator[None]:
-    """Across processes, rank 0 races as one process alone on its node would (the node's other
+def _node_threads(env: DistEnv, racers: int) -> Iterator[None]:
+    """Across processes, a racing rank races as the node's racers alone would (its other
     workers wait meanwhile), where the launcher shared the node's threads among the workers
-    (`node_threads`): from all of them, with the thread counts it chose for them out of the
-    way (OMP_NUM_THREADS, which training/device.py reads as the user's), so the race's runs
-    apply their own rules (a core left to the next epoch's builder, small batches on one
-    thread). Its share and the variable come back after."""
+    (`node_threads`): a racer alone on its node takes all of them, with the thread count the
+    launcher chose out of the way (OMP_NUM_THREADS, which training/device.py reads as the
+    user's), so the race's runs apply a lone process's rules (a core left to the next epoch's
+    builder, small batches on one thread); two racers on one node take half each, fixed as the
+    launcher fixes a worker's (no threads of their own beside the run's). The share and the
+    variable come back after."""
     threads = torch.get_num_threads()
+    chosen = os.environ.get("OMP_NUM_THREADS")
     node = node_threads() if env.enabled else None
-    chosen = os.environ.pop("OMP_NUM_THREADS", None) if node is not None else None
     if node is not None:
-        torch.set_num_threads(node)
+        here = _racers_here(env, racers)
+        torch.set_num_threads(max(1, node // here))
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if here > 1:
+            os.environ["OMP_NUM_THREADS"] = str(max(1, node // here))
     try:
         yield
     finally:
         torch.set_num_threads(threads)
-        if chosen is not None:
+        if chosen is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
             os.environ["OMP_NUM_THREADS"] = chosen
+
+
+def _racers_here(env: DistEnv, racers: int) -> int:
+    """The racing ranks (0 to racers - 1) on this rank's node: the node's ranks follow each
+    other from rank - local_rank (this launcher's and torchrun's order), LOCAL_WORLD_SIZE of
+    them."""
+    first = env.rank - env.local_rank
+    last = first + (local_world_size() or env.world_size)
+    return max(1, min(last, racers) - first)
 
 
 def _interrupted() -> NcfError:

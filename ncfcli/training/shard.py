@@ -28,7 +28,7 @@ from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import load_held_out, load_prepared, read_meta
 from ncfcli.errors import NcfError
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.environment import DistEnv
+from ncfcli.launch.environment import DistEnv, local_world_size
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, column_defaults, recipe_column
 from ncfcli.training.stream import rank_rows, window_buckets
@@ -89,7 +89,7 @@ def free_bytes(backend: Backend) -> int | None:
     free = backend.free_memory_bytes()
     if free is None or backend.is_cuda:
         return free
-    return free // max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    return free // max(1, local_world_size() or 1)
 
 
 def choose(cfg: TrainConfig, meta: dict[str, Any], env: DistEnv, backend: Backend) -> Layout:

@@ -398,11 +398,10 @@ def _shared_probe(data: PreparedData, env: DistEnv, backend: Backend) -> recency
             first = list(data.shard or ())[: window_buckets(data.meta)]
             data = load_prepared(data.path, backend, buckets=first)
         mine = recency.probe(data, backend.xp, seed=0)
-    row = torch.zeros(6, dtype=torch.float64, device=backend.torch_device)
+    found = [0.0] * 6  # a rank that did not probe, or found nothing
     if mine is not None:
         found = [1.0, mine.z, mine.mean_difference, mine.users, mine.threshold, float(mine.on)]
-        row += torch.tensor(found, dtype=torch.float64)
-    got = dist_env.all_reduce_sum(row, env).cpu().tolist()
+    got = dist_env.gather_floats(found, env, backend.torch_device)[0]  # rank 0's
     if not got[0]:
         return None
     return recency.Probe(
