@@ -14,6 +14,10 @@ error of that figure exits 1.
 
     ncf prepare ../shared/data/beauty/beauty.csv --split random --out /tmp/beauty-random
     python benchmarks/bench_race.py /tmp/beauty-random --seed 0
+
+`--alone N` times the race alone instead, as a run of one process on a CPU makes it (the second
+recipe in a child process beside the first: ncfcli/training/apart.py) and in turn, alternated N
+times: its seconds, median (min-max), and its figures, the same both ways or exit 1.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import MISSED, machine, ncf_json
+from _common import MISSED, machine, ncf_json, spread
 
 from ncfcli.backend import get_backend
 from ncfcli.data.store import load_prepared
@@ -58,7 +62,7 @@ def check(data: Path, work: Path, seed: int) -> bool:
     prepared = load_prepared(data, backend)
     n_train = int(prepared.train_users.shape[0])
     cfg = TrainConfig(data_dir=str(data), seed=seed, device="cpu")
-    won = race_columns(cfg, prepared, DistEnv(), backend, n_train, Racer(loop.train))
+    won = race_columns(cfg, prepared, DistEnv(), backend, n_train, Racer(loop.train, apart=True))
     print(f"{data.name} ({n_train:,} training positives): {won.note()}; chose {RECIPES[won.column]}",
           flush=True)  # fmt: skip
     runs = {c: whole_log(data, work, RECIPES[c], seed) for c in AUTO_COLUMNS}
@@ -77,11 +81,36 @@ def check(data: Path, work: Path, seed: int) -> bool:
     return ok
 
 
+def alone(data: Path, seed: int, repeats: int) -> bool:
+    """The race alone, side by side (as `ncf train` runs it) and in turn, alternated `repeats`
+    times: a line each, then each way's seconds; False where the figures differ."""
+    backend = get_backend("cpu")
+    prepared = load_prepared(data, backend)
+    n_train = int(prepared.train_users.shape[0])
+    cfg = TrainConfig(data_dir=str(data), seed=seed, device="cpu")
+    seconds: dict[str, list[float]] = {"side by side": [], "in turn": []}
+    notes = set()
+    for _ in range(repeats):
+        for way in seconds:
+            racer = Racer(loop.train, apart=way == "side by side")
+            t0 = time.perf_counter()
+            won = race_columns(cfg, prepared, DistEnv(), backend, n_train, racer)
+            seconds[way].append(time.perf_counter() - t0)
+            notes.add(won.note().rsplit("; ", 1)[0])  # without its seconds
+            print(f"{data.name}, {way}: {seconds[way][-1]:.1f} s, {won.note()}", flush=True)
+    for way, values in seconds.items():
+        print(f"{data.name}, the race {way}: {spread(values, '{:.1f}', 's')}", flush=True)
+    same = len(notes) == 1
+    print(f"{data.name}: {'the same figures both ways' if same else 'DIFFERENT figures'}")
+    return same
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", nargs="+", help="prepared datasets (`ncf prepare`)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="keep the whole-log runs here (default: a temp dir)")
+    p.add_argument("--alone", type=int, metavar="N", help="time the race alone, N times a way")
     a = p.parse_args()
     for d in a.data:
         if not (Path(d) / "meta.json").is_file():
@@ -92,7 +121,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(a.work or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        results = [check(Path(d), work, a.seed) for d in a.data]
+        if a.alone:
+            results = [alone(Path(d), a.seed, a.alone) for d in a.data]
+        else:
+            results = [check(Path(d), work, a.seed) for d in a.data]
     print(f"at the end: {machine()}")
     if not all(results):
         sys.exit(MISSED)

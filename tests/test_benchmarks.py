@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from ncfcli.training import race
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -248,19 +250,21 @@ def test_the_sequence_probe_prints_both_protocols(prepared_dir: Path, tmp_path: 
         assert figures == pytest.approx([got["hr@10"], got["ndcg@10"]], abs=6e-5)
 
 
-def test_f3_the_gpu_target_is_judged_on_the_warm_run_of_prepares_clock() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "bench_prepare", REPO / "benchmarks" / "bench_prepare.py"
-    )
+def _bench_module(name: str) -> Any:
+    """benchmarks/NAME.py imported as a module (it imports its _common beside it)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
-    import sys
-
-    sys.path.insert(0, str(REPO / "benchmarks"))  # bench_prepare imports its _common
+    sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         bench = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(bench)
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+    return bench
+
+
+def test_f3_the_gpu_target_is_judged_on_the_warm_run_of_prepares_clock() -> None:
+    bench = _bench_module("bench_prepare")
     ok, line = bench.gpu_verdict([6.5, 1.4])  # the first run compiles CuPy's kernels
     assert ok and "1.40 s" in line and "after imports and CUDA set-up" in line, line
     ok, line = bench.gpu_verdict([1.4, 2.5])
@@ -373,7 +377,8 @@ def test_bench_race_checks_the_races_choice_against_the_whole_log(tmp_path: Path
     """bench_race.py on a tiny log without time order: the race's line (its figures and the
     column it chose), each column's whole-log line, and a verdict that names the column whose
     whole-log validation figure is higher; a folder that is not a prepared dataset is one
-    line, exit 1, before anything trains."""
+    line, exit 1, before anything trains. `--alone 1` times the race alone, side by side and in
+    turn, with the same figures both ways."""
     from tests._cli import ncf_prepare
 
     data = tmp_path / "random"
@@ -399,3 +404,25 @@ def test_bench_race_checks_the_races_choice_against_the_whole_log(tmp_path: Path
     assert (run.returncode == 0) == (" ok\n" in out)
     bad = subprocess.run([*cmd[:2], str(tmp_path)], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and bad.stderr.strip().endswith("run `ncf prepare` first")
+    # --alone's verdict: figures that differ between the ways are said and fail it
+    bench = _bench_module("bench_race")
+    figures = iter([(0.5, 0.25), (0.5, 0.25), (0.5, 0.25), (0.5, 0.5)])
+
+    def raced(*args: Any) -> Any:
+        return race.Race(0, next(figures), 10, 100, 1.0, "hr@10")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "race_columns", raced)
+        assert bench.alone(data, 0, 1) is True and bench.alone(data, 0, 1) is False
+    # --alone: the race alone, side by side and in turn, the same figures both ways
+    run = subprocess.run([*cmd[:3], "--alone", "1"], capture_output=True, text=True, env=env,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    ways = [line.split(": ")[0] for line in lines if line.startswith("random, ")]
+    assert ways[:2] == ["random, side by side", "random, in turn"], run.stdout
+    assert lines[-2] == "random: the same figures both ways", run.stdout
+    notes = {
+        line.split(" s, ", 1)[1].rsplit("; ", 1)[0] for line in lines if " s, race on " in line
+    }
+    assert len(notes) == 1, run.stdout

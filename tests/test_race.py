@@ -105,17 +105,17 @@ def untimed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _fake_runs(
-    figures: dict[str, float], fail: Exception | None = None
+    figures: dict[str, float], fail: Exception | None = None, fail_on: int = 2
 ) -> tuple[list[Any], Callable[..., Any]]:
     """A fake of loop.train for the race's runs: each recipe's validation HR@10 is
-    figures[recipe] (`fail` raised by the second run); the configs it is called with, and it."""
+    figures[recipe] (`fail` raised by run `fail_on`); the configs it is called with, and it."""
     calls: list[Any] = []
 
     def train(cfg: TrainConfig, progress: Any, env: Any, score_test: bool = True) -> Any:
         assert not score_test  # the race never reads the test set
         assert Path(cfg.data_dir, "meta.json").is_file()
         calls.append(cfg)
-        if fail is not None and len(calls) == 2:
+        if fail is not None and len(calls) == fail_on:
             raise fail
         return SimpleNamespace(validation={"hr@10": figures[cfg.recipe], "ndcg@10": 0.0})
 
@@ -200,6 +200,70 @@ def test_a_ctrl_c_or_an_error_in_the_race_is_one_line_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_in_one_process_on_a_cpu_the_second_recipe_trains_in_a_child_at_once(
+    untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of one process on a CPU of two cores or more trains the first recipe in its own
+    process while a child (apart.py, loop.train) trains the second, each on half the cores
+    fixed (OMP_NUM_THREADS); the child's error is the race's one line, and nothing is left.
+    In turn where the user fixed the threads, the racer's runs cannot train apart (a stand-in),
+    or one column is raced."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(race, "cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen: list[tuple[str, int, str | None]] = []
+    _, runs = _fake_runs({RECIPES[0]: 0.3, RECIPES[1]: 0.4})
+
+    def first(cfg: TrainConfig, *args: Any, **kwargs: Any) -> Any:
+        seen.append((cfg.recipe, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")))
+        return runs(cfg, *args, **kwargs)
+
+    spawned: list[list[str]] = []
+    popen = subprocess.Popen
+
+    def spy(args: list[str], **kwargs: Any) -> Any:
+        spawned.append([*args[1:3], kwargs["env"]["OMP_NUM_THREADS"]])
+        return popen(args, **kwargs)
+
+    monkeypatch.setattr(race.subprocess, "Popen", spy)
+    backend = get_backend("cpu")
+    data = load_prepared(untimed, backend)
+    # the second recipe (NeuMF) refuses shared negatives: the child's real run fails at once
+    cfg = TrainConfig(data_dir=str(untimed), shared_negatives=256, device="cpu")
+    n = 10 * int(data.train_users.shape[0])
+    before = torch.get_num_threads()
+    with pytest.raises(NcfError) as e:
+        race.race_columns(cfg, data, DistEnv(), backend, n, race.Racer(first, apart=True))
+    assert e.value.exit_code == 2 and str(e.value).startswith(
+        "--recipe auto raced ml-1m on a sample of the users, and it failed: --shared-negatives "
+        "256: it scores with products"
+    )
+    assert seen == [(RECIPES[0], 2, "2")] and spawned == [["-m", "ncfcli.training.apart", "2"]]
+    assert torch.get_num_threads() == before and "OMP_NUM_THREADS" not in os.environ
+    assert list(tmp_path.iterdir()) == []
+    # the first recipe fails here while the child trains: the child is stopped with it
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def kept(args: list[str], **kwargs: Any) -> Any:
+        procs.append(popen(args, **kwargs))
+        return procs[-1]
+
+    monkeypatch.setattr(race.subprocess, "Popen", kept)
+    _, failing = _fake_runs({}, NcfError("--lr: not a number", exit_code=2), fail_on=1)
+    slow = TrainConfig(data_dir=str(untimed), epochs=500, patience=500, device="cpu")
+    with pytest.raises(NcfError) as e:
+        race.race_columns(slow, data, DistEnv(), backend, n, race.Racer(failing, apart=True))
+    assert str(e.value).startswith("--recipe auto raced ml-100k on a sample of the users, and it")
+    assert [p.returncode for p in procs] == [-signal.SIGTERM] and list(tmp_path.iterdir()) == []
+    assert race._side_by_side(race.Racer(first, apart=True), backend, 2) == 2
+    assert race._side_by_side(race.Racer(first), backend, 2) == 0  # a stand-in: in turn
+    assert race._side_by_side(race.Racer(first, apart=True), backend, 1) == 0  # one column
+    gpu = SimpleNamespace(is_cuda=True)  # the runs would share its one device
+    assert race._side_by_side(race.Racer(first, apart=True), gpu, 2) == 0  # type: ignore[arg-type]
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's: in turn
+    assert race._side_by_side(race.Racer(first, apart=True), backend, 2) == 0
+
+
 def test_a_sigterm_in_the_race_leaves_nothing_and_a_rank_that_waits_too_long_says_so(
     untimed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,14 +325,26 @@ def test_ncf_train_races_where_the_probe_cannot_choose(
     """A log without time order in the second column's range: `ncf train` races both recipes
     (2 epochs each, as asked) on a sample and trains the winner, whose name and both figures
     the summary, --json and config.json carry; the sample's figures are those of the
-    recipes trained on that sample by `ncf train`; nothing is left in the temporary folder.
+    recipes trained on that sample by `ncf train` (the second in a child process, beside the
+    first); nothing is left in the temporary folder.
     A Ctrl-C in the race is one line, exit 130, and no run folder."""
     n_train = _in_second_column(monkeypatch, untimed)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     run = tmp_path / "run"
+    spawned: list[str] = []
+    popen = subprocess.Popen
+
+    def spy(args: list[str], **kwargs: Any) -> Any:
+        spawned.append(args[2])
+        return popen(args, **kwargs)
+
+    monkeypatch.setattr(race.subprocess, "Popen", spy)
+    monkeypatch.setattr(race, "cpu_count", lambda: 2)  # whatever this machine has
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     res = ncf("train", untimed, "--out", run, "--epochs", 2, "--device", "cpu", "--json", "-q")
     assert res.exit_code == 0, res.output
+    assert spawned == ["ncfcli.training.apart"]  # the second recipe trained beside the first
     out = json.loads(res.stdout)
     note = json.loads((run / "config.json").read_text())["recipe_note"]
     assert note == out["recipe_note"] and note.startswith(
@@ -399,14 +475,23 @@ class RankEnviron(MutableMapping[str, str]):
 
 
 def _worker(
-    untimed: Path, bound: int, out: Path, *flags: str, nproc: int = 0, tmp: Path, **popen: Any
+    untimed: Path,
+    bound: int,
+    out: Path,
+    *flags: str,
+    nproc: int = 0,
+    tmp: Path,
+    threads: str | None = "1",
+    **popen: Any,
 ) -> Any:
     """`ncf train untimed --out out FLAGS` through tests/launch_worker.py's `train` mode (the
     first column's bound at `bound`): under the launcher's supervisor with `nproc` gloo workers,
-    or as one process (0); a worker thread each, its temporary folder `tmp`."""
+    or as one process (0); `threads` a worker (OMP_NUM_THREADS; None: ncf's own rules), its
+    temporary folder `tmp`."""
     here = Path(__file__).parent
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "NCF_DEVICE")}
-    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp))
+    drop = ("RANK", "WORLD_SIZE", "NCF_DEVICE", "OMP_NUM_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(TMPDIR=str(tmp), **({"OMP_NUM_THREADS": threads} if threads else {}))
     args = [
         "train",
         str(tmp),
@@ -467,6 +552,38 @@ def test_ncf_train_nproc_2_races_a_column_a_rank_as_one_process_does(
     assert "error: interrupted while racing" in err.decode() and "Traceback" not in err.decode()
     assert not stop.exists()
     assert [p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("ncf-")] == []
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_stops_one_process_and_the_child_that_races_beside_it(
+    untimed: Path, tmp_path: Path
+) -> None:
+    """`ncf train` alone on a CPU races the second recipe in a child process: a Ctrl-C at the
+    terminal (SIGINT to the process group) while both train stops both, with one line, exit
+    130, no run folder, no temporary folder, no process left."""
+    bound = int(json.loads((untimed / "meta.json").read_text())["n_train"]) - 1
+    (tmp_path / "tmp").mkdir()
+    stop = tmp_path / "stopped"
+    proc = _worker(untimed, bound, stop, "--epochs", "500", "--patience", "500",
+                   tmp=tmp_path / "tmp", threads=None, preexec_fn=hears_ctrl_c,
+                   start_new_session=True)  # fmt: skip
+    said = b""
+    while b"cannot choose)" not in said:  # the line before the race
+        chunk = proc.stderr.read1(4096)
+        assert chunk, said.decode()
+        said += chunk
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "tmp").glob("ncf-race-*/run-1.err")):  # the child is spawned
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(3)  # both train
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert "error: interrupted while racing" in err.decode() and "Traceback" not in err.decode()
+    assert not stop.exists() and list((tmp_path / "tmp").iterdir()) == []
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nobody left in its group: the child is gone too
 
 
 def test_no_race_under_shard_users_or_without_a_validation_split(

@@ -7,7 +7,8 @@
   weights and the validation probe that decides them;
 - start.py: where a run starts from: resumed or new, the column of defaults (--recipe), the
   model and Adam, the data on the device; race.py: --recipe auto's race of two columns on a
-  sample of the users, where the validation probe cannot choose;
+  sample of the users, where the validation probe cannot choose (apart.py: one of its runs in
+  a process of its own);
 - session.py: the run's state while it trains (`Session`), built by start.py, updated by the loop;
 - step.py: one optimizer step, an epoch's samples, the loss read, Ctrl-C;
 - optim.py: the optimizer, the lr of each step (warm-up, decay), micro-batch gradients;

@@ -144,7 +144,7 @@ def run_training(
     if cfg.model in baselines.KINDS:
         return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
     say = progress.console.print if progress is not None and not progress.disable else None
-    racer = race.Racer(train, say if env.is_main else None)  # --recipe auto's race: race.py
+    racer = race.Racer(train, say if env.is_main else None, apart=True)  # --recipe auto's: race.py
     s = start(cfg, data, env, backend, run_dir, layout, racer=racer)  # options, model, Adam
     cfg = s.cfg
     assert cfg.epochs is not None

@@ -26,9 +26,13 @@ term is off) the size's column trains, and the summary says why.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pickle
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -39,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ncfcli.backend import Backend
+from ncfcli.backend import Backend, cpu_count
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
 from ncfcli.errors import NcfError
@@ -51,6 +55,7 @@ from ncfcli.launch.environment import (
     node_threads,
     timeout_seconds,
 )
+from ncfcli.launch.plan import threads_given
 from ncfcli.training import recency
 from ncfcli.training.config import TrainConfig
 from ncfcli.training.defaults import AUTO_COLUMNS, BASE, RECIPES, size_column
@@ -62,11 +67,13 @@ INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT)
 
 @dataclass(frozen=True)
 class Racer:
-    """What a run hands down to the race: its own train function (loop.train) and where to say
-    that the race runs (the run's progress console; None where the run is quiet)."""
+    """What a run hands down to the race: its own train function (loop.train), where to say
+    that the race runs (the run's progress console; None where the run is quiet), and whether
+    a run of the race may train in a process of its own, with loop.train (`_together`)."""
 
     train: Callable[..., Any]
     say: Callable[[str], None] | None = None
+    apart: bool = False  # its runs may train in processes of their own (apart.py): loop.train's
 
 
 @dataclass(frozen=True)
@@ -198,7 +205,7 @@ def _heat(
     )
     work = Path(tempfile.mkdtemp(prefix="ncf-race-"))
     metric = _metric(cfg)
-    figures = []
+    figures: list[float] = []
     try:
         positives = write_sample(data, users, work / "data", backend)
         if racer.say is not None:
@@ -206,8 +213,8 @@ def _heat(
                 f"--recipe auto: racing {_racing(columns)} on {len(users):,} users' "
                 f"{positives:,} training positives (the validation probe cannot choose)"
             )
-        for column in columns:
-            run = replace(
+        runs = [
+            replace(
                 cfg,
                 data_dir=str(work / "data"),
                 out=str(work / f"run-{column}"),
@@ -218,9 +225,13 @@ def _heat(
                 keep_checkpoints=1,
                 tensorboard=False,
             )
-            result = racer.train(run, None, env, score_test=False)
-            assert result.validation is not None
-            figures.append(float(result.validation[metric]))
+            for column in columns
+        ]
+        share = _side_by_side(racer, backend, len(runs))
+        if share:
+            _together(runs, racer, env, metric, share, figures)
+        for run in runs[len(figures) :]:  # in turn
+            figures.append(_figure(racer.train(run, None, env, score_test=False), metric))
     except KeyboardInterrupt:
         raise _interrupted() from None
     except NcfError as e:
@@ -234,6 +245,98 @@ def _heat(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return Heat(columns, tuple(figures), len(users), positives, time.perf_counter() - t0)
+
+
+def _figure(result: Any, metric: str) -> float:
+    """A race's run's validation figure of `metric`."""
+    assert result.validation is not None
+    return float(result.validation[metric])
+
+
+def _side_by_side(racer: Racer, backend: Backend, runs: int) -> int:
+    """The threads each run gets where this process trains its runs at once (`_together`):
+    half the cores each, on a CPU of two or more where the user did not fix the threads
+    (OMP_NUM_THREADS) and the racer's runs can train apart (loop.train's); 0: in turn (a GPU,
+    whose one device the runs would share, or a rank that races one column)."""
+    cores = cpu_count()
+    if runs < 2 or not racer.apart or backend.is_cuda or threads_given() or cores < 2:
+        return 0
+    return cores // runs
+
+
+def _together(
+    runs: list[TrainConfig],
+    racer: Racer,
+    env: DistEnv,
+    metric: str,
+    share: int,
+    figures: list[float],
+) -> None:
+    """The race's `runs` at once: the first in this process, each other in a child process of
+    its own (ncfcli/training/apart.py), each on `share` threads, fixed as a launcher's worker's
+    (no threads of their own beside the run's). Their figures are appended to `figures` in the
+    runs' order, so a failing run is the one after the last figure. A child still running when
+    this process stops (an error, a Ctrl-C, SIGTERM) is stopped with it."""
+    children = [_spawn(run, metric, env.local_rank, share) for run in runs[1:]]
+    try:
+        with _fixed_threads(share):
+            figures.append(_figure(racer.train(runs[0], None, env, score_test=False), metric))
+        figures.extend(_reaped(child) for child in children)
+    finally:
+        for child in children:
+            _stop(child)
+
+
+@dataclass(frozen=True)
+class Child:
+    """A race's run in a child process (apart.py) and its spec: the pickled run beside its
+    folder in the race's temporary folder, with what it says (.err) and its figure (.json)."""
+
+    process: subprocess.Popen[bytes]
+    spec: Path
+
+
+def _spawn(run: TrainConfig, metric: str, device: int, share: int) -> Child:
+    """`run` in a child process (apart.py) on `share` threads, fixed."""
+    spec = Path(str(run.out) + ".pickle")
+    spec.write_bytes(pickle.dumps((run, metric, device)))
+    env = {**os.environ, "OMP_NUM_THREADS": str(share), "MKL_NUM_THREADS": str(share)}
+    here = str(Path(__file__).resolve().parents[2])  # this ncfcli's, however it was found
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    with spec.with_suffix(".err").open("wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ncfcli.training.apart", str(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    return Child(process, spec)
+
+
+def _reaped(child: Child) -> float:
+    """A child run's validation figure, once it is done; its failure as this process's: a
+    Ctrl-C's exit as KeyboardInterrupt, an error as an NcfError of its last line."""
+    code = child.process.wait()
+    if code == 0:
+        return float(json.loads(child.spec.with_suffix(".json").read_text()))
+    if code in (INTERRUPTED, -signal.SIGINT):
+        raise KeyboardInterrupt
+    said = child.spec.with_suffix(".err").read_text(errors="replace").strip().splitlines()
+    errors = [line.removeprefix("error: ") for line in said if line.startswith("error: ")]
+    why = (errors or said or [f"its process exited with {code}"])[-1]
+    raise NcfError(why, exit_code=code if code > 0 else 1)
+
+
+def _stop(child: Child) -> None:
+    """End a child run that is still running (SIGTERM, then SIGKILL after 10 s), and wait."""
+    if child.process.poll() is None:
+        child.process.terminate()
+        try:
+            child.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
 
 
 def _racing(columns: tuple[int, ...]) -> str:
@@ -318,17 +421,36 @@ def _node_threads(env: DistEnv, racers: int) -> Iterator[None]:
     launcher chose out of the way (OMP_NUM_THREADS, which training/device.py reads as the
     user's), so the race's runs apply a lone process's rules (a core left to the next epoch's
     builder, small batches on one thread); two racers on one node take half each, fixed as the
-    launcher fixes a worker's (no threads of their own beside the run's). The share and the
-    variable come back after."""
+    launcher fixes a worker's (`_fixed_threads`). The share and the variable come back after."""
+    node = node_threads() if env.enabled else None
+    if node is None:
+        yield
+        return
+    here = _racers_here(env, racers)
+    if here > 1:
+        with _fixed_threads(max(1, node // here)):
+            yield
+        return
+    threads = torch.get_num_threads()
+    chosen = os.environ.pop("OMP_NUM_THREADS", None)
+    torch.set_num_threads(node)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if chosen is not None:
+            os.environ["OMP_NUM_THREADS"] = chosen
+
+
+@contextlib.contextmanager
+def _fixed_threads(n: int) -> Iterator[None]:
+    """`n` threads for what runs inside, fixed as a launcher fixes a worker's: OMP_NUM_THREADS
+    set, so a run starts no threads of its own beside its own (plan.threads_given). The count
+    and the variable come back after."""
     threads = torch.get_num_threads()
     chosen = os.environ.get("OMP_NUM_THREADS")
-    node = node_threads() if env.enabled else None
-    if node is not None:
-        here = _racers_here(env, racers)
-        torch.set_num_threads(max(1, node // here))
-        os.environ.pop("OMP_NUM_THREADS", None)
-        if here > 1:
-            os.environ["OMP_NUM_THREADS"] = str(max(1, node // here))
+    torch.set_num_threads(n)
+    os.environ["OMP_NUM_THREADS"] = str(n)
     try:
         yield
     finally:
