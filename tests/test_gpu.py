@@ -252,3 +252,42 @@ def test_dropout_run_resumes_mid_epoch_on_the_gpu(
         assert y["test"]["hr@10"] == pytest.approx(x["test"]["hr@10"], abs=0.01)
     for name, w in a["model"].items():
         torch.testing.assert_close(b["model"][name], w, atol=1e-4, rtol=1e-3)
+
+
+def test_the_race_of_the_recipes_runs_on_the_gpu_in_turn(
+    synthetic: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--recipe auto's race on CUDA (ncfcli/training/race.py): the sample drawn from the
+    device's arrays is the CPU's (an integer draw), both recipes train on the GPU in this
+    process, one after the other (no child process: the runs would share the one device), each
+    gives a validation figure, and the temporary folder is gone."""
+    import tempfile
+
+    from ncfcli.launch.environment import DistEnv
+    from ncfcli.training import loop, race
+    from ncfcli.training.config import TrainConfig
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spawned: list[Any] = []
+    monkeypatch.setattr(race.subprocess, "Popen", lambda *a, **k: spawned.append(a))
+    devices: list[str] = []
+
+    def train(cfg: TrainConfig, *args: Any, **kwargs: Any) -> Any:
+        devices.append(str(cfg.device))
+        return loop.train(cfg, *args, **kwargs)
+
+    races = {}
+    for device in ("cpu", "cuda"):
+        backend = get_backend(device)
+        data = load_prepared(synthetic, backend)
+        cfg = TrainConfig(data_dir=str(synthetic), device=device, epochs=2, seed=0)
+        n_train = int(data.train_users.shape[0])
+        racer = race.Racer(train if device == "cuda" else loop.train, apart=device == "cuda")
+        races[device] = race.race_columns(cfg, data, DistEnv(), backend, n_train, racer)
+    gpu, cpu = races["cuda"], races["cpu"]
+    assert (gpu.users, gpu.positives) == (cpu.users, cpu.positives)
+    assert devices == ["cuda", "cuda"] and spawned == []
+    assert all(0 < f <= 1 for f in gpu.figures) and gpu.column in (0, 1)
+    assert gpu.figures[gpu.column] == max(gpu.figures)
+    assert list(tmp_path.iterdir()) == []
