@@ -586,6 +586,45 @@ def test_a_ctrl_c_stops_one_process_and_the_child_that_races_beside_it(
         os.killpg(proc.pid, 0)  # nobody left in its group: the child is gone too
 
 
+def _apart_runs(under: Path) -> list[int]:
+    """The pids of live race children (apart.py) whose spec is under `under` (Linux's /proc)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile
+            continue
+        if b"ncfcli.training.apart" in cmd and str(under).encode() in b" ".join(cmd):
+            found += [] if state == "Z" else [int(proc.name)]
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent's death signal")
+def test_a_race_child_ends_with_its_killed_parent_and_takes_the_race_folder(
+    untimed: Path, tmp_path: Path
+) -> None:
+    """`ncf train` killed outright (SIGKILL, the OOM killer) while its child races the second
+    recipe: the child ends within seconds and removes the race's temporary folder, which its
+    dead parent cannot."""
+    bound = int(json.loads((untimed / "meta.json").read_text())["n_train"]) - 1
+    (tmp_path / "tmp").mkdir()
+    proc = _worker(untimed, bound, tmp_path / "killed", "--epochs", "500", "--patience", "500",
+                   tmp=tmp_path / "tmp", threads=None)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not _apart_runs(tmp_path / "tmp"):  # the child is spawned
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(4)  # it trains
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while _apart_runs(tmp_path / "tmp") or list((tmp_path / "tmp").iterdir()):
+        assert time.monotonic() < deadline, list((tmp_path / "tmp").iterdir())
+        time.sleep(0.1)
+
+
 def test_no_race_under_shard_users_or_without_a_validation_split(
     untimed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

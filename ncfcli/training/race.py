@@ -299,7 +299,7 @@ class Child:
 def _spawn(run: TrainConfig, metric: str, device: int, share: int) -> Child:
     """`run` in a child process (apart.py) on `share` threads, fixed."""
     spec = Path(str(run.out) + ".pickle")
-    spec.write_bytes(pickle.dumps((run, metric, device)))
+    spec.write_bytes(pickle.dumps((run, metric, device, os.getpid())))
     env = {**os.environ, "OMP_NUM_THREADS": str(share), "MKL_NUM_THREADS": str(share)}
     here = str(Path(__file__).resolve().parents[2])  # this ncfcli's, however it was found
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
