@@ -621,7 +621,8 @@ def test_a_race_child_ends_with_its_killed_parent_and_takes_the_race_folder(
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 30
     while _apart_runs(tmp_path / "tmp") or list((tmp_path / "tmp").iterdir()):
-        assert time.monotonic() < deadline, list((tmp_path / "tmp").iterdir())
+        left = (tmp_path / "tmp").rglob("*")  # what is left, where it fails
+        assert time.monotonic() < deadline, (_apart_runs(tmp_path / "tmp"), sorted(map(str, left)))
         time.sleep(0.1)
 
 

@@ -21,6 +21,7 @@ import pickle
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 from ncfcli.errors import NcfError
@@ -52,7 +53,7 @@ def _ends_with(parent: int, folder: Path) -> None:
     race's `folder` goes too: nobody else will remove it."""
 
     def stop(signum: int, frame: object) -> None:
-        if os.getppid() != parent:
+        if _orphaned(parent):
             shutil.rmtree(folder, ignore_errors=True)
         os._exit(INTERRUPTED)
 
@@ -64,6 +65,19 @@ def _ends_with(parent: int, folder: Path) -> None:
             pass
     if os.getppid() != parent:  # gone before the line above
         stop(signal.SIGTERM, None)
+
+
+def _orphaned(parent: int, wait: float = 2.0) -> bool:
+    """Whether `parent` is gone (this process handed to another), waiting up to `wait` s: the
+    death signal comes as the parent's first thread exits, while its others may still hold
+    this process (getppid unchanged a moment longer); a parent that stops this run on purpose
+    stays."""
+    deadline = time.monotonic() + wait
+    while os.getppid() == parent:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
