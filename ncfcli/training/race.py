@@ -382,8 +382,8 @@ def _shared(heat: Heat | None, env: DistEnv, backend: Backend, racers: int) -> l
         who = " and ".join(str(r) for r in range(racers))
         raise NcfError(
             f"waited {timeout_seconds():g} s for the race of the recipes on ranks {who}, which "
-            f"did not answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a recipe "
-            "with --recipe"
+            f"did not answer ({first_line(e)}): set NCF_DIST_TIMEOUT to wait longer, or name a "
+            "recipe with --recipe"
         ) from None
     heats: list[Heat | None] = []
     for r, got in enumerate(table[:racers]):
@@ -427,38 +427,39 @@ def _node_threads(env: DistEnv, racers: int) -> Iterator[None]:
         yield
         return
     here = _racers_here(env, racers)
-    if here > 1:
-        with _fixed_threads(max(1, node // here)):
-            yield
-        return
-    threads = torch.get_num_threads()
-    chosen = os.environ.pop("OMP_NUM_THREADS", None)
-    torch.set_num_threads(node)
-    try:
+    share = max(1, node // here)
+    with _threads(share, str(share) if here > 1 else None):
         yield
-    finally:
-        torch.set_num_threads(threads)
-        if chosen is not None:
-            os.environ["OMP_NUM_THREADS"] = chosen
 
 
 @contextlib.contextmanager
 def _fixed_threads(n: int) -> Iterator[None]:
     """`n` threads for what runs inside, fixed as a launcher fixes a worker's: OMP_NUM_THREADS
-    set, so a run starts no threads of its own beside its own (plan.threads_given). The count
-    and the variable come back after."""
+    set, so a run starts no threads of its own beside its own (plan.threads_given)."""
+    with _threads(n, str(n)):
+        yield
+
+
+@contextlib.contextmanager
+def _threads(n: int, omp: str | None) -> Iterator[None]:
+    """torch's `n` threads and OMP_NUM_THREADS `omp` (None: unset) for what runs inside; the
+    count and the variable as they were after."""
     threads = torch.get_num_threads()
     chosen = os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(n)
-    os.environ["OMP_NUM_THREADS"] = str(n)
+    _set_omp(omp)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
-        if chosen is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = chosen
+        _set_omp(chosen)
+
+
+def _set_omp(value: str | None) -> None:
+    if value is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = value
 
 
 def _racers_here(env: DistEnv, racers: int) -> int:
