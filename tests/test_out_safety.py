@@ -135,6 +135,59 @@ def test_a_file_or_a_link_as_out_is_refused(data: Path, tmp_path: Path) -> None:
     assert snapshot(tmp_path) == before
 
 
+def test_an_out_that_cannot_be_made_is_one_line(data: Path, run: Path, tmp_path: Path) -> None:
+    """A folder under a file (the OS refuses it, as a path on a read-only or missing mount
+    would): one `error: PATH: REASON` line, the path the user gave, nothing written."""
+    (tmp_path / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    under = tmp_path / "notes.txt" / "sub"
+    for args in (["prepare", "synthetic", *TINY, "--device", "cpu", "-q", "--out", under],
+                 ["train", data, *SMALL_TRAIN, "--out", under],
+                 ["tune", data, "--trials", "1", "--max-epochs", "1", "-q", "--out", under]):  # fmt: skip
+        if args[0] == "tune":
+            pytest.importorskip("optuna")
+        line = one_error_line(ncf(*args))
+        assert line.startswith(f"error: {tmp_path / 'notes.txt'}"), line
+        assert ".tmp-" not in line and "Traceback" not in line, line
+    assert snapshot(tmp_path) == before
+
+
+def test_file_system_errors_name_the_path_the_user_gave() -> None:
+    """ncf's temporary names are shown as the target they stand for; the system's reason is
+    kept; an error that holds its path only in its text (pyarrow's) is its first line."""
+    import errno
+
+    from ncfcli.errors import file_system_line
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/.u.tmp-3f2a/best.pt")
+    assert file_system_line(full) == "/data/runs/u/best.pt: No space left on device"
+    named = FileNotFoundError(errno.ENOENT, "No such file or directory", ".out.parquet.tmp-12")
+    assert file_system_line(named) == "out.parquet: No such file or directory"
+    text = FileNotFoundError("[Errno 2] Failed to open local file '/m/.x.parquet.tmp-27728'.\nmore")
+    assert file_system_line(text) == "Failed to open local file '/m/x.parquet'."
+    moved = OSError(errno.EXDEV, "Invalid cross-device link", "/a/.r.tmp-1", None, "/b/r")
+    assert file_system_line(moved) == "/a/r -> /b/r: Invalid cross-device link"
+
+
+def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`ncf ... | head`: the pipe's reader gone, the command exits 1 without a word (no error
+    line about a pipe the user closed on purpose, no traceback)."""
+    import typer
+
+    from ncfcli.cli import user_errors
+
+    @user_errors
+    def printing() -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(typer.Exit) as stop:
+        printing()
+    assert stop.value.exit_code == 1
+    assert capsys.readouterr().err == ""
+
+
 def test_the_inputs_own_folder_is_refused(data: Path, tmp_path: Path) -> None:
     src = tmp_path / "ml"
     src.mkdir()

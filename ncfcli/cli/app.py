@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from ncfcli.errors import NcfError, is_device_oom
+from ncfcli.errors import NcfError, file_system_line, is_device_oom
 from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
 from ncfcli.version import __version__
 
@@ -191,6 +191,10 @@ def user_errors(func: F) -> F:
                     "memory"
                 ) from None
             raise fail("out of host memory; use a smaller dataset or batch") from None
+        except BrokenPipeError:
+            raise typer.Exit(1) from None  # `ncf ... | head`: the reader left; nothing to say
+        except OSError as e:
+            raise fail(file_system_line(e)) from None
 
     return wrapper  # type: ignore[return-value]
 
