@@ -1,5 +1,5 @@
 """`python -m ncfcli ...` is the same as `ncf ...`."""
 
-from ncfcli.cli import main
+from ncfcli.entry import main
 
 main()

@@ -33,6 +33,47 @@ def test_importing_the_cli_imports_nothing_heavy() -> None:
     assert out.stdout.strip() == "[]"
 
 
+# A Ctrl-C that lands while the command line loads (typer, rich, every command's options): the
+# load raises KeyboardInterrupt at once, where a real Ctrl-C lands at a moment no test can pick.
+CTRL_C_WHILE_LOADING = textwrap.dedent(
+    """
+    import sys
+
+    class CtrlC:
+        def find_spec(self, name, path=None, target=None):
+            if name == "ncfcli.cli":
+                raise KeyboardInterrupt
+
+    sys.meta_path.insert(0, CtrlC())
+    import ncfcli.entry
+
+    assert sys.modules.keys() & {"ncfcli.api", "ncfcli.cli", "typer", "rich"} == set()
+    ncfcli.entry.main()
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["script", "python -m ncfcli"])
+def test_a_ctrl_c_while_the_command_line_loads_is_one_line(how: str) -> None:
+    """The `ncf` script and `python -m ncfcli` (the launcher's workers) load nothing before the
+    entry that hears a Ctrl-C (importing the package loads only its version): one line, 130."""
+    code = CTRL_C_WHILE_LOADING
+    if how != "script":  # runpy imports the package ncfcli before its __main__
+        code = code.replace("import ncfcli.entry\n", "import runpy\n").replace(
+            "ncfcli.entry.main()", "runpy.run_module('ncfcli', run_name='__main__')"
+        )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "error: interrupted\n", "")
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '\nncf = "ncfcli.entry:main"\n' in pyproject  # the script the install writes
+
+
+def test_the_package_loads_its_api_on_first_use() -> None:
+    code = "import sys, ncfcli; print('ncfcli.api' in sys.modules, ncfcli.train.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "ncfcli.api"]
+
+
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0

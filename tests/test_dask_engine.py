@@ -202,6 +202,55 @@ def test_local_workers_never_pause_and_give_freed_memory_back(tmp_path: Path) ->
         assert b"MALLOC_TRIM_THRESHOLD_=65536" in environ
 
 
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_ctrl_c_in_a_gather_leaves_no_asyncio_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Ctrl-C while the client gathers: the engine turns it into its own NcfError (which keeps
+    the buckets written); the gather left pending ends with AllExit as the cluster closes, and
+    asyncio logged it ("Task exception was never retrieved", a traceback) under the run's
+    one line. The cluster's teardown after any error is quiet."""
+    import _thread
+    import gc
+    import logging
+    import threading
+
+    from ncfcli.backend import get_backend
+    from ncfcli.data.config import PrepareConfig
+    from ncfcli.data.engines.cluster import client_for
+    from ncfcli.errors import NcfError
+
+    names = ("asyncio", "distributed", "tornado")
+    levels = {n: logging.getLogger(n).level for n in names}
+    config = PrepareConfig(source="synthetic", engine="dask", workers=1, out=str(tmp_path / "o"))
+    caplog.set_level(logging.ERROR)
+    try:
+        with pytest.raises(NcfError, match="interrupted"):
+            with client_for(config, get_backend("cpu"), tmp_path, None) as client:
+                done = tmp_path / "done"  # the task's end, once the cluster is closing
+                pending = client.submit(_wait_for, done, pure=False)
+                threading.Timer(1.0, _thread.interrupt_main).start()  # the main thread's Ctrl-C
+                threading.Timer(10.0, done.touch).start()
+                try:
+                    client.gather(pending)
+                except KeyboardInterrupt:
+                    raise NcfError("interrupted", 130) from None  # as engines/dask.py does
+        del pending
+        gc.collect()
+        time.sleep(0.5)
+        gc.collect()
+        said = [r.getMessage() for r in caplog.records]
+        assert not [m for m in said if "never retrieved" in m], said
+    finally:
+        for n, level in levels.items():
+            logging.getLogger(n).setLevel(level)
+
+
 def test_bad_row_in_block_seven_names_file_and_line(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("NCF_DASK_BLOCK_BYTES", "100")

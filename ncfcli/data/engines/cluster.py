@@ -282,10 +282,11 @@ def client_for(
             if not backend.is_cuda:
                 _start_workers(cluster, client, n_workers)
             yield client
-        except KeyboardInterrupt:
+        except BaseException:
             # Before the cluster closes: the client's pending gathers end with AllExit, which
             # asyncio logs ("Task exception was never retrieved", a traceback) as they are
-            # collected. The run is over; the CLI says "interrupted".
+            # collected. The run is over, a Ctrl-C's (raised as KeyboardInterrupt, or as the
+            # engine's NcfError that keeps the buckets written) or an error's; the CLI says so.
             for name in ("asyncio", "distributed", "tornado"):
                 logging.getLogger(name).setLevel(logging.CRITICAL + 1)
             raise
