@@ -4,6 +4,7 @@ a mistyped flag or value (given before torch loads), and for out of GPU or host 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,35 @@ def test_a_ctrl_c_while_the_command_line_loads_is_one_line(how: str) -> None:
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "error: interrupted\n", "")
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert '\nncf = "ncfcli.entry:main"\n' in pyproject  # the script the install writes
+
+
+@pytest.mark.parametrize(("world", "interrupts"), [(None, True), ("1", True), ("2", False)])
+def test_sigterm_stops_a_command_as_a_ctrl_c_but_in_a_rank_of_a_job(
+    world: str | None, interrupts: bool
+) -> None:
+    """The entry makes SIGTERM a Ctrl-C (KeyboardInterrupt; the training loop's and tune's
+    handlers take it as theirs), except in a rank of a job of several processes, whose launcher
+    stops it with SIGTERM after another rank failed."""
+    code = textwrap.dedent(
+        """
+        import signal, sys
+        import ncfcli.entry
+        from ncfcli.launch.environment import interrupt_signals
+        sys.argv = ["ncf", "--version"]
+        try:
+            ncfcli.entry.main()
+        except SystemExit:
+            pass
+        print(signal.getsignal(signal.SIGTERM) is signal.default_int_handler,
+              [s.name for s in interrupt_signals()])
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    env.update({"WORLD_SIZE": world} if world is not None else {})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True).stdout.splitlines()  # fmt: skip
+    both = "['SIGINT', 'SIGTERM']" if interrupts else "['SIGINT']"
+    assert out[-1] == f"{interrupts} {both}", out
 
 
 def test_the_package_loads_its_api_on_first_use() -> None:

@@ -376,11 +376,12 @@ def test_the_dask_engine_drops_the_items_only_dropped_users_had(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["starting", "writing"])
+@pytest.mark.parametrize("when", ["starting", "writing", "terminated"])
 def test_ctrl_c_during_a_dask_prepare_is_one_line(tmp_path: Path, when: str) -> None:
     """Finding 6: a Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while
     the cluster's workers start, or while a worker writes a bucket: exit 130 with one line and
-    the cluster's processes gone. Starting: --out absent and no folder beside it. Writing
+    the cluster's processes gone. Starting: --out absent and no folder beside it; the same
+    after SIGTERM to ncf alone (`kill`, a scheduler), which left the scratch folder. Writing
     (bucket 1 stalls, the 2 others are written): the line says the 2 are kept in the partial
     folder, and the same command run again writes only bucket 1 (data/engines/resume.py); a
     kept bucket whose file changed meanwhile is written again. The dataset is a fresh run's."""
@@ -395,7 +396,7 @@ def test_ctrl_c_during_a_dask_prepare_is_one_line(tmp_path: Path, when: str) -> 
         assert time.monotonic() < deadline, _alive_in_group(pgid)
         time.sleep(0.5)
     partial = tmp_path / ".out.tmp-partial"
-    if when == "starting":
+    if when in ("starting", "terminated"):
         assert output.strip() == "error: interrupted", output
         assert list(tmp_path.iterdir()) == []
         return
@@ -425,7 +426,8 @@ def test_ctrl_c_during_a_dask_prepare_is_one_line(tmp_path: Path, when: str) -> 
 
 def _interrupted(cmd: list[str], tmp_path: Path, when: str) -> tuple[str, int, int]:
     """Run `cmd` with bucket 1 stalling, SIGINT its group once its workers start ("starting")
-    or once buckets 0 and 2 are recorded ("writing"): (output, exit code, process group)."""
+    or once buckets 0 and 2 are recorded ("writing"), or SIGTERM ncf alone once its workers
+    start ("terminated"): (output, exit code, process group)."""
     env = {**os.environ, "NCF_DASK_TEST_STALL_BUCKET": "1"}
     # SIGINT as a terminal's process has it, even where this runner inherited it ignored (a
     # background job of a script): an ignored signal stays ignored in every child.
@@ -439,7 +441,10 @@ def _interrupted(cmd: list[str], tmp_path: Path, when: str) -> tuple[str, int, i
                    else len(_alive_in_group(proc.pid, "forkserver")) > 1):  # a worker forked  # fmt: skip
             assert proc.poll() is None and time.monotonic() < deadline, proc.stdout
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
+        if when == "terminated":
+            os.kill(proc.pid, signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=45)
     finally:
         if proc.poll() is None:

@@ -142,9 +142,11 @@ def test_resume_equals_uninterrupted(
                     **{m["epoch"]: m["test"] for m in metrics(straight) if m["test"]}}  # fmt: skip
 
 
-def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Make the loss send Ctrl-C at `step` (1-based) of epoch 2 of a SMALL run; returns the
-    real loss function, to put back before resuming."""
+def ctrl_c_in_epoch_2(
+    prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyPatch, sig: int = signal.SIGINT
+) -> Any:
+    """Make the loss send Ctrl-C (or `sig`) at `step` (1-based) of epoch 2 of a SMALL run;
+    returns the real loss function, to put back before resuming."""
     real = train_optim.pointwise_loss
     n_train = json.loads((prepared_dir / "meta.json").read_text())["n_train"]
     per_epoch = -(-n_train * 5 // 4096)  # SMALL: 4 negatives per positive, batch 4096
@@ -153,18 +155,33 @@ def ctrl_c_in_epoch_2(prepared_dir: Path, step: int, monkeypatch: pytest.MonkeyP
     def loss_then_ctrl_c(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls["n"] += 1
         if calls["n"] == per_epoch + step:
-            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(sig)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train_optim, "pointwise_loss", loss_then_ctrl_c)
     return real
 
 
+@pytest.fixture
+def sigterm_as_the_entry_sets_it() -> Any:
+    """SIGTERM as ncfcli/entry.py sets it for the `ncf` script: a Ctrl-C's KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_saves_mid_epoch_and_resumes_exactly(
-    run4: tuple[Path, Any], prepared_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    run4: tuple[Path, Any],
+    prepared_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sigterm_as_the_entry_sets_it: None,
+    sig: int,
 ) -> None:
+    """SIGTERM (`kill`, `timeout`, a scheduler's notice) stops the run as Ctrl-C does."""
     straight, _ = run4
-    real = ctrl_c_in_epoch_2(prepared_dir, 6, monkeypatch)  # after epoch 2's 5th step
+    real = ctrl_c_in_epoch_2(prepared_dir, 6, monkeypatch, sig)  # after epoch 2's 5th step
     run = tmp_path / "stopped"
     result = ncf("train", prepared_dir, "--out", run, "--epochs", 4, *SMALL)
     assert result.exit_code == 130

@@ -70,6 +70,31 @@ def test_a_second_ctrl_c_changes_nothing() -> None:
     assert idle.requested
 
 
+def test_sigterm_is_taken_as_ctrl_c_is_between_trials_and_inside_one() -> None:
+    """Where the `ncf` script made SIGTERM a Ctrl-C (entry.py): tune's Stop takes it (between
+    trials it only asks, so no write to the study is cut), the trial's training loop takes it
+    inside (it ends the step), and each puts back what it found."""
+    from ncfcli.training.step import Interrupt
+    from ncfcli.tuning.search import Stop
+
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with Stop() as stop:
+            assert signal.getsignal(signal.SIGTERM) is stop
+            with Interrupt() as held:
+                assert signal.getsignal(signal.SIGTERM) == held._handle
+                signal.raise_signal(signal.SIGTERM)  # mid-step: asked, the step goes on
+                assert held.requested and not stop.requested
+            assert signal.getsignal(signal.SIGTERM) is stop
+            signal.raise_signal(signal.SIGTERM)  # between trials: asked, nothing raised
+            assert stop.requested
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is sigint
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_trials_counts_pruned_trials_as_ended_and_failed_ones_not() -> None:
     """--trials N stops once N trials ended with a result: finished or pruned."""
     from ncfcli.tuning.search import ended

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -185,6 +186,17 @@ def backend_for(device: str) -> str:
     if value == "nccl" and not device.startswith("cuda"):
         raise NcfError(f"{BACKEND_ENV}=nccl needs GPU workers; CPU workers use gloo")
     return value
+
+
+def interrupt_signals() -> tuple[signal.Signals, ...]:
+    """The signals that ask this process to stop as a Ctrl-C does: SIGINT, and SIGTERM where
+    the command line made it one (ncfcli/entry.py: not in a rank of a job of several processes).
+    A handler that finishes a step first (the training loop's, tune's) takes each of them, and
+    one inside another's (a tune's trial) takes what the outer one took."""
+    term = signal.getsignal(signal.SIGTERM)
+    if term is signal.default_int_handler or term == signal.getsignal(signal.SIGINT):
+        return (signal.SIGINT, signal.SIGTERM)
+    return (signal.SIGINT,)
 
 
 def first_line(e: BaseException) -> str:

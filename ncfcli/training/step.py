@@ -20,7 +20,7 @@ import torch
 from ncfcli.backend import cpu_count
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.environment import DistEnv
+from ncfcli.launch.environment import DistEnv, interrupt_signals
 from ncfcli.launch.plan import threads_given
 from ncfcli.training.optim import (
     Batch,
@@ -133,13 +133,14 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Interrupt:
         try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for sig in interrupt_signals():  # SIGTERM too, where it is one (entry.py)
+                self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: keep Python's default
-            self._previous = None
+            self._previous = {}
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -148,5 +149,5 @@ class Interrupt:
         self.requested = True
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)

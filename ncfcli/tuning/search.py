@@ -39,6 +39,7 @@ from typing import Any
 
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import interrupt_signals
 from ncfcli.model.kinds import BASELINES
 from ncfcli.scoring.selection import selection_key
 from ncfcli.training import loop
@@ -247,13 +248,14 @@ class Stop:
     def __init__(self) -> None:
         self.requested = False
         self.armed = False
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Stop:
         try:
-            self._previous = signal.signal(signal.SIGINT, self)
+            for sig in interrupt_signals():  # SIGTERM too, where it is one (entry.py)
+                self._previous[sig] = signal.signal(sig, self)
         except ValueError:  # not the main thread: no signal reaches it anyway
-            self._previous = None
+            self._previous = {}
         return self
 
     def __call__(self, signum: int, frame: Any) -> None:
@@ -264,8 +266,8 @@ class Stop:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def _first_line(e: BaseException) -> str:
