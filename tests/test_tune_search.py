@@ -91,8 +91,16 @@ def test_sigterm_is_taken_as_ctrl_c_is_between_trials_and_inside_one() -> None:
             assert stop.requested
         assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
         assert signal.getsignal(signal.SIGINT) is sigint
+        # both ignored (a job started so), or both the default: SIGTERM is no Ctrl-C there
+        from ncfcli.launch.environment import interrupt_signals
+
+        for same in (signal.SIG_IGN, signal.SIG_DFL):
+            signal.signal(signal.SIGINT, same)
+            signal.signal(signal.SIGTERM, same)
+            assert interrupt_signals() == (signal.SIGINT,)
     finally:
         signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGINT, sigint)
 
 
 def test_trials_counts_pruned_trials_as_ended_and_failed_ones_not() -> None:

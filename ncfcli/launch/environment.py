@@ -193,8 +193,8 @@ def interrupt_signals() -> tuple[signal.Signals, ...]:
     the command line made it one (ncfcli/entry.py: not in a rank of a job of several processes).
     A handler that finishes a step first (the training loop's, tune's) takes each of them, and
     one inside another's (a tune's trial) takes what the outer one took."""
-    term = signal.getsignal(signal.SIGTERM)
-    if term is signal.default_int_handler or term == signal.getsignal(signal.SIGINT):
+    term = signal.getsignal(signal.SIGTERM)  # SIG_DFL and SIG_IGN (both SIGINT's too) are not
+    if callable(term) and term in (signal.default_int_handler, signal.getsignal(signal.SIGINT)):
         return (signal.SIGINT, signal.SIGTERM)
     return (signal.SIGINT,)
 
