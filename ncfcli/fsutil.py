@@ -19,6 +19,7 @@ writing, each command asks one of two helpers:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import json
 import os
@@ -49,30 +50,47 @@ def _tmp_name(path: Path) -> Path:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    path = Path(path)
-    tmp = _tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+FULL_BYTES = 1 << 20  # less free than this on a disk after a write failed there: it is full
+
+
+def full_disk(e: OSError, path: Path, where: Path) -> NcfError | None:
+    """The one line for a write to `path` that failed because its disk (`where` is on it) is
+    full: ENOSPC or EDQUOT, or a short write with under FULL_BYTES left (NumPy's error for it,
+    "N requested and M written", carries no errno); None for another error."""
+    free = shutil.disk_usage(where).free
+    code = getattr(e, "errno", None)
+    if code not in (errno.ENOSPC, errno.EDQUOT) and not (code is None and free < FULL_BYTES):
+        return None
+    return NcfError(
+        f"cannot write {path}: its disk is full ({free / 2**20:.1f} MiB free); free some "
+        "space and run the command again"
+    )
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary file path beside `path`; on success it replaces `path`."""
+    """Yield a temporary file path beside `path`; on success it replaces `path`. A disk that
+    fills meanwhile is one line (`full_disk`)."""
     path = Path(path)
     tmp = _tmp_name(path)
     try:
         yield tmp
         os.replace(tmp, path)
+    except OSError as e:
+        full = full_disk(e, path, tmp.parent)
+        if full is None:
+            raise
+        raise full from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -107,6 +125,11 @@ def atomic_dir(path: str | os.PathLike, kind: str) -> Iterator[Path]:
     try:
         yield tmp
         install_dir(tmp, path, kind)
+    except OSError as e:
+        full = full_disk(e, path, path.parent)
+        if full is None:
+            raise
+        raise full from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

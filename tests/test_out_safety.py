@@ -169,6 +169,46 @@ def test_file_system_errors_name_the_path_the_user_gave() -> None:
     assert file_system_line(moved) == "/a/r -> /b/r: Invalid cross-device link"
 
 
+def test_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fills the disk, as the OS says it (ENOSPC, EDQUOT) or as NumPy does (a
+    short write, "N requested and M written", no errno, nothing left free): one line naming the
+    target, the temporary file or folder gone. Another error, or a short write with room left,
+    is not called a full disk."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from ncfcli import fsutil
+    from ncfcli.errors import NcfError
+
+    usage = namedtuple("usage", "total used free")
+    free = {"bytes": 1000}
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(10**9, 10**9, free["bytes"]))
+    short = OSError("625000 requested and 40928 written")
+    for error in (short, OSError(errno.ENOSPC, "No space left on device"),
+                  OSError(errno.EDQUOT, "Disk quota exceeded")):  # fmt: skip
+        with pytest.raises(NcfError, match="its disk is full") as said:
+            with fsutil.atomic_dir(tmp_path / "data", "dataset") as tmp:
+                (tmp / "part.npy").write_bytes(b"x")
+                raise error
+        assert str(said.value).startswith(f"cannot write {tmp_path / 'data'}: "), said.value
+        with pytest.raises(NcfError, match=f"cannot write {tmp_path / 'm.json'}: its disk"):
+            with fsutil.atomic_path(tmp_path / "m.json") as tmp:
+                tmp.write_bytes(b"{")
+                raise error
+        assert list(tmp_path.iterdir()) == []
+    with pytest.raises(PermissionError):
+        with fsutil.atomic_path(tmp_path / "m.json"):
+            raise PermissionError(errno.EACCES, "Permission denied")
+    free["bytes"] = 10**9  # a short write with room left: another cause, its own error
+    with pytest.raises(OSError, match="requested and"):
+        with fsutil.atomic_dir(tmp_path / "data", "dataset"):
+            raise short
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_reader_that_leaves_the_pipe_ends_the_command_quietly(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
