@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ncfcli.cli import app
+from ncfcli.errors import NcfError
 from ncfcli.fsutil import MARKER, check_out_file, record_written, write_marker
 from tests._runs import make_run
 
@@ -294,6 +295,58 @@ def test_train_replaces_its_own_run_only_with_overwrite(data: Path, tmp_path: Pa
     # a dataset folder is not a run folder
     res = ncf("train", data, *SMALL_TRAIN, "--out", data, "--overwrite")
     assert "holds" in one_error_line(res)
+
+
+def test_a_run_folder_another_live_run_writes_is_refused(data: Path, tmp_path: Path) -> None:
+    """Two runs given one --out at once: the later one found the earlier one's new folder
+    unstarted and replaced it, then both wrote it. A folder a live run holds (its flock, here
+    held by the test as that run would) is refused by train, --overwrite, --resume and a
+    baseline alike, and stays as it was; once the run ends, it is free."""
+    from ncfcli.rundir.record import RunDirLock, make_run_dir
+
+    run = tmp_path / "run"
+    res = ncf("train", data, *SMALL_TRAIN, "--out", run)
+    assert res.exit_code == 0, res.output
+    before = snapshot(run)
+    with RunDirLock(run):
+        for extra in ([], ["--overwrite"], ["--resume"], ["--model", "pop", "--overwrite"]):
+            args = ["train", data, "--out", run, *extra]
+            args += [] if "--resume" in extra or "pop" in extra else SMALL_TRAIN
+            line = one_error_line(ncf(*args))
+            assert "is being written by another ncf run that is still going" in line, line
+        assert snapshot(run) == before
+        # the earlier run's folder made while this run started: held before anything goes
+        with pytest.raises(NcfError, match="another ncf run"):
+            make_run_dir(run, replace=True, lock=RunDirLock(run))
+        assert snapshot(run) == before
+    res = ncf("train", data, *SMALL_TRAIN, "--out", run, "--overwrite")
+    assert res.exit_code == 0, res.output
+
+
+def test_a_new_run_holds_its_folder_while_it_trains(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose --out is new holds the folder from when it makes it: a second run started
+    meanwhile is refused (its check saw no folder, or the first one's unstarted)."""
+    from ncfcli.rundir.record import RunDirLock
+    from ncfcli.training import optim
+
+    run, seen = tmp_path / "new", []
+    real = optim.pointwise_loss
+
+    def loss_and_look(*args: Any, **kwargs: Any) -> Any:
+        if not seen:
+            try:
+                RunDirLock(run).take()
+                seen.append("free")
+            except NcfError:
+                seen.append("held")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(optim, "pointwise_loss", loss_and_look)
+    res = ncf("train", data, *SMALL_TRAIN, "--out", run)
+    assert res.exit_code == 0, res.output
+    assert seen == ["held"]
 
 
 def test_export_replaces_its_own_files_only_with_overwrite(run: Path, tmp_path: Path) -> None:

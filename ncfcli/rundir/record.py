@@ -134,12 +134,55 @@ def is_unstarted(run_dir: Path) -> bool:
     return not ((run_dir / CKPT_DIR / LAST).is_file() or (run_dir / BEST).is_file())
 
 
-def make_run_dir(run_dir: Path, replace: bool) -> bool:
-    """Rank 0: (re)create the run directory and its output marker; True when it made the folder."""
-    if replace:
-        remove_output(run_dir)
+class RunDirLock:
+    """Rank 0's hold on the run folder it writes: an exclusive flock on the folder itself, which
+    the system drops however the process ends (no stale lock to clean up). Taken where the
+    folder exists as the run starts, else once it is made (`take`), before anything in it is
+    replaced: two runs given one --out at once, the later is one line and touches nothing
+    (it found the earlier run's new folder unstarted, and replaced it). No-op where flock is
+    missing (not POSIX) or for None (another rank)."""
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self.run_dir = run_dir
+        self.fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        self.take()
+        return self
+
+    def take(self) -> None:
+        if self.run_dir is None or self.fd is not None or not self.run_dir.is_dir():
+            return
+        try:
+            import fcntl
+        except ImportError:
+            return
+        fd = os.open(self.run_dir, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise NcfError(
+                f"{self.run_dir} is being written by another ncf run that is still going: wait "
+                "for it to end, or pick another --out"
+            ) from None
+        self.fd = fd
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # the flock goes with it
+            self.fd = None
+
+
+def make_run_dir(run_dir: Path, replace: bool, lock: RunDirLock | None = None) -> bool:
+    """Rank 0: (re)create the run directory and its output marker, the folder held by `lock`
+    first; True when it made the folder."""
     made = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        lock.take()
+    if replace:
+        remove_output(run_dir)
     write_marker(run_dir, "run", RUN_ENTRIES)
     return made
 

@@ -41,7 +41,7 @@ from ncfcli.model import baselines
 from ncfcli.rundir.checkpoint import load_checkpoint
 from ncfcli.rundir.files import BEST, CKPT_DIR, CURVES, LAST
 from ncfcli.rundir.logs import RunLog
-from ncfcli.rundir.record import import_plotting, save_curves
+from ncfcli.rundir.record import RunDirLock, import_plotting, save_curves
 from ncfcli.scoring.selection import chooses, out_of_patience, top_record
 from ncfcli.training import race
 from ncfcli.training import validation as evaluation
@@ -138,64 +138,73 @@ def run_training(
     # This rank's data: all of it, or with --shard users (or auto's choice) its buckets only.
     data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
-    if cfg.refit is not None and not cfg.resume:
-        cfg = refit_settings(cfg, data, env.world_size)
-        data = data.merge_validation(backend.xp)
-    if cfg.model in baselines.KINDS:
-        return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
-    say = progress.console.print if progress is not None and not progress.disable else None
-    racer = race.Racer(train, say if env.is_main else None, apart=True)  # --recipe auto's: race.py
-    s = start(cfg, data, env, backend, run_dir, layout, racer=racer)  # options, model, Adam
-    cfg = s.cfg
-    assert cfg.epochs is not None
-    run_log = open_run_dir(s, progress)
-    check_sync = env.enabled and os.environ.get("NCF_CHECK_SYNC") == "1"
-    totals = _Totals()
-    s.ddp.train()
-    builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
-    s.term_thread = term_thread(s)  # the sequence term's half of each step (step.py)
-    upcoming: Future[Any] | None = None
-    with (
-        removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
-        Interrupt() as interrupt,
-        progress if progress is not None else _NullProgress() as bar,
-        builder,
-        s.term_thread or contextlib.nullcontext(),
-        run_log,
-    ):
-        for epoch in range(s.done + 1, cfg.epochs + 1):
-            backend.synchronize_stream()  # not the side stream building the next epoch
-            t0 = time.perf_counter()  # samples/s counts building the epoch's data, as NVIDIA's does
-            batches = (
-                upcoming.result() if upcoming else build_epoch(s.sampler, epoch, s.local_batch)
-            )
-            if epoch < cfg.epochs:
-                upcoming = builder.submit(build_epoch, s.sampler, epoch + 1, s.local_batch)
-            if epoch == s.done + 1 and env.is_main:  # then the builder idles: curves.png's imports
-                builder.submit(import_plotting)
-            ep = epoch_steps(s, batches, epoch, bar, interrupt, check_sync)
-            backend.synchronize_stream()
-            seconds = time.perf_counter() - t0
-            totals.seconds += seconds
-            totals.samples += ep.done
-            loss_total, n_seen, _ = read_sums(ep.acc, ep.carried, interrupt.requested, env)
-            ep.loss, ep.seconds = loss_total / max(n_seen, 1.0), seconds
-            scores = _end_epoch(s, epoch, ep, run_log, bar, hooks.score_test)
-            totals.trained += 1
-            del batches  # its views keep the epoch's arrays alive
-            # None: not a scored epoch (--eval-every)
-            why = "--max-steps" if ep.truncated else ""
-            why = why or (_stops(s, epoch, scores, hooks) if scores is not None else "")
-            if why:
-                totals.stopped_early = epoch < cfg.epochs or ep.truncated
-                totals.stopped_by = why
-                break
-        if hooks.score_test:
-            _score_chosen(s, run_log)
+    # rank 0 holds the run folder while it writes it: a second run on the same --out is refused
+    with RunDirLock(run_dir if env.is_main else None) as run_dir_lock:
+        if cfg.refit is not None and not cfg.resume:
+            cfg = refit_settings(cfg, data, env.world_size)
+            data = data.merge_validation(backend.xp)
+        if cfg.model in baselines.KINDS:
+            return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
+        say = progress.console.print if progress is not None and not progress.disable else None
+        racer = race.Racer(
+            train, say if env.is_main else None, apart=True
+        )  # --recipe auto's: race.py
+        s = start(cfg, data, env, backend, run_dir, layout, racer=racer)  # options, model, Adam
+        s.run_dir_lock = run_dir_lock  # taken once open_run_dir makes the folder, if not yet
+        cfg = s.cfg
+        assert cfg.epochs is not None
+        run_log = open_run_dir(s, progress)
+        check_sync = env.enabled and os.environ.get("NCF_CHECK_SYNC") == "1"
+        totals = _Totals()
+        s.ddp.train()
+        builder = ThreadPoolExecutor(1, thread_name_prefix="ncf-epoch")
+        s.term_thread = term_thread(s)  # the sequence term's half of each step (step.py)
+        upcoming: Future[Any] | None = None
+        with (
+            removed_if_unfinished(s),  # a failure before the first checkpoint leaves nothing
+            Interrupt() as interrupt,
+            progress if progress is not None else _NullProgress() as bar,
+            builder,
+            s.term_thread or contextlib.nullcontext(),
+            run_log,
+        ):
+            for epoch in range(s.done + 1, cfg.epochs + 1):
+                backend.synchronize_stream()  # not the side stream building the next epoch
+                t0 = (
+                    time.perf_counter()
+                )  # samples/s counts building the epoch's data, as NVIDIA's does
+                batches = (
+                    upcoming.result() if upcoming else build_epoch(s.sampler, epoch, s.local_batch)
+                )
+                if epoch < cfg.epochs:
+                    upcoming = builder.submit(build_epoch, s.sampler, epoch + 1, s.local_batch)
+                if (
+                    epoch == s.done + 1 and env.is_main
+                ):  # then the builder idles: curves.png's imports
+                    builder.submit(import_plotting)
+                ep = epoch_steps(s, batches, epoch, bar, interrupt, check_sync)
+                backend.synchronize_stream()
+                seconds = time.perf_counter() - t0
+                totals.seconds += seconds
+                totals.samples += ep.done
+                loss_total, n_seen, _ = read_sums(ep.acc, ep.carried, interrupt.requested, env)
+                ep.loss, ep.seconds = loss_total / max(n_seen, 1.0), seconds
+                scores = _end_epoch(s, epoch, ep, run_log, bar, hooks.score_test)
+                totals.trained += 1
+                del batches  # its views keep the epoch's arrays alive
+                # None: not a scored epoch (--eval-every)
+                why = "--max-steps" if ep.truncated else ""
+                why = why or (_stops(s, epoch, scores, hooks) if scores is not None else "")
+                if why:
+                    totals.stopped_early = epoch < cfg.epochs or ep.truncated
+                    totals.stopped_by = why
+                    break
+            if hooks.score_test:
+                _score_chosen(s, run_log)
 
-    if env.is_main and s.history:
-        save_curves(run_dir / CURVES, s.history)
-    return _result(s, totals, t_start)
+        if env.is_main and s.history:
+            save_curves(run_dir / CURVES, s.history)
+        return _result(s, totals, t_start)
 
 
 def _stops(s: Session, epoch: int, scores: dict[str, dict[str, float]], hooks: Hooks) -> str:

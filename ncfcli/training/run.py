@@ -164,7 +164,7 @@ def open_run_dir(s: Session, progress: Any) -> RunLog:
     (which writes on rank 0 only) and prints the hyper-parameter line."""
     cfg, env, run_dir = s.cfg, s.env, s.run_dir
     if env.is_main:
-        s.made_run_dir = record.make_run_dir(run_dir, s.replace_run)
+        s.made_run_dir = record.make_run_dir(run_dir, s.replace_run, s.run_dir_lock)
         extra: dict[str, Any] = {"resumes": s.resumes, "shard": s.shard, "tables": s.tables_note}
         if s.probed is not None:
             extra["recency_probe"] = s.probed.to_dict()

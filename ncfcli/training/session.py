@@ -62,6 +62,7 @@ class Session:
     sequence_note: str | None = None  # why its window is not the one asked for (start.py)
     tables_note: str = "dense"  # row-sparse or dense tables, and why (optim.make_optimizer)
     made_run_dir: bool = False  # this invocation created run_dir (run.open_run_dir)
+    run_dir_lock: Any = None  # rank 0's hold on run_dir (record.RunDirLock), taken as it is made
     term_thread: Any = None  # the sequence term's half of each CPU step runs here (step.py)
     recipe_note: str = ""  # how a new run's column of defaults was chosen (start.recipe_choice)
 
