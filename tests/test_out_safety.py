@@ -323,6 +323,24 @@ def test_a_run_folder_another_live_run_writes_is_refused(data: Path, tmp_path: P
     assert res.exit_code == 0, res.output
 
 
+def test_a_file_system_without_locks_runs_unlocked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flock refused for want of locks (NFS without its lock daemon: ENOLCK) is no other run:
+    the run goes on unlocked, where only a lock held elsewhere (EWOULDBLOCK) is one line."""
+    import errno
+    import fcntl
+
+    from ncfcli.rundir.record import RunDirLock
+
+    def no_locks(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunDirLock(tmp_path) as lock:
+        assert lock.fd is None
+
+
 def test_a_new_run_holds_its_folder_while_it_trains(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -160,8 +160,10 @@ class RunDirLock:
         fd = os.open(self.run_dir, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
             os.close(fd)
+            if not isinstance(e, BlockingIOError):  # a file system without locks (ENOLCK)
+                return
             raise NcfError(
                 f"{self.run_dir} is being written by another ncf run that is still going: wait "
                 "for it to end, or pick another --out"
