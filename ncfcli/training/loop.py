@@ -132,23 +132,21 @@ def run_training(
     hooks: Hooks,
 ) -> TrainResult:
     """The run, top to bottom: the dataset (with a --refit's settings and validation merged
-    in; a baseline is fitted in one go), the start (resumed or new), the run directory, then
-    each epoch: its samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs,
-    --target-hr or --patience."""
+    in; a baseline is fitted in one go), the start (resumed or new), the run directory (rank 0
+    holds it meanwhile: a second run on the same --out is refused), then each epoch: its
+    samples, its steps, HR@10/NDCG@10 and a checkpoint, until --epochs, --target-hr or
+    --patience."""
     # This rank's data: all of it, or with --shard users (or auto's choice) its buckets only.
     data, layout = load_shard(cfg, env, backend, baseline=cfg.model in baselines.KINDS)
     run_dir = Path(cfg.out) if cfg.out is not None else Path(default_run_dir(cfg.data_dir))
-    # rank 0 holds the run folder while it writes it: a second run on the same --out is refused
     with RunDirLock(run_dir if env.is_main else None) as run_dir_lock:
         if cfg.refit is not None and not cfg.resume:
             cfg = refit_settings(cfg, data, env.world_size)
             data = data.merge_validation(backend.xp)
         if cfg.model in baselines.KINDS:
             return fit_baseline(cfg, data, env, backend, run_dir, t_start, hooks.score_test)
-        say = progress.console.print if progress is not None and not progress.disable else None
-        racer = race.Racer(
-            train, say if env.is_main else None, apart=True
-        )  # --recipe auto's: race.py
+        quiet = progress is None or progress.disable or not env.is_main
+        racer = race.Racer(train, None if quiet else progress.console.print, apart=True)  # race.py
         s = start(cfg, data, env, backend, run_dir, layout, racer=racer)  # options, model, Adam
         s.run_dir_lock = run_dir_lock  # taken once open_run_dir makes the folder, if not yet
         cfg = s.cfg
