@@ -69,7 +69,7 @@ def test_freed_blocks_are_reused_without_new_page_faults() -> None:
     """Kept: a step's blocks come from the heap, not fresh mappings, and stay in it once freed
     (glibc's account says so exactly), so ten more steps fault in few pages. glibc's defaults
     serve them from mappings or trim them, adaptively, so their faults vary with the heap's
-    layout (most pages again, or a quarter of them): only the setting itself is checked there."""
+    layout (most pages again, or an eighth of them): only the setting itself is checked there."""
     pages = 10 * BLOCKS // 4096  # the ten steps' blocks: 92,160 pages
     kept = _probe(True)
     assert kept[0] == "True" and kept[1] < pages // 8, kept  # 0 or one block's seen
