@@ -23,8 +23,9 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ncfcli.errors import NcfError
 
@@ -197,6 +198,24 @@ def interrupt_signals() -> tuple[signal.Signals, ...]:
     if callable(term) and term in (signal.default_int_handler, signal.getsignal(signal.SIGINT)):
         return (signal.SIGINT, signal.SIGTERM)
     return (signal.SIGINT,)
+
+
+def take_interrupts(handler: Callable[[int, Any], Any]) -> dict[int, Any]:
+    """`handler` for each of `interrupt_signals()`; returns the handlers it replaced, for
+    `give_back`: none off the main thread, where Python's default stays (signal's rule)."""
+    previous: dict[int, Any] = {}
+    try:
+        for sig in interrupt_signals():
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        return {}
+    return previous
+
+
+def give_back(previous: dict[int, Any]) -> None:
+    """The handlers `take_interrupts` replaced, as they were."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def first_line(e: BaseException) -> str:

@@ -10,7 +10,6 @@ random numbers, so the step is the serial one's, bit for bit, in about the longe
 
 from __future__ import annotations
 
-import signal
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 from ncfcli.backend import cpu_count
 from ncfcli.data.batches import NegativeSampler
 from ncfcli.launch import distributed as dist_env
-from ncfcli.launch.environment import DistEnv, interrupt_signals
+from ncfcli.launch.environment import DistEnv, give_back, take_interrupts
 from ncfcli.launch.plan import threads_given
 from ncfcli.training.optim import (
     Batch,
@@ -136,11 +135,7 @@ class Interrupt:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Interrupt:
-        try:
-            for sig in interrupt_signals():  # SIGTERM too, where it is one (entry.py)
-                self._previous[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not the main thread: keep Python's default
-            self._previous = {}
+        self._previous = take_interrupts(self._handle)  # SIGTERM too, where it is one (entry.py)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -149,5 +144,4 @@ class Interrupt:
         self.requested = True
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+        give_back(self._previous)

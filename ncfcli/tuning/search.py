@@ -39,7 +39,7 @@ from typing import Any
 
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
-from ncfcli.launch.environment import interrupt_signals
+from ncfcli.launch.environment import give_back, take_interrupts
 from ncfcli.model.kinds import BASELINES
 from ncfcli.scoring.selection import selection_key
 from ncfcli.training import loop
@@ -251,11 +251,7 @@ class Stop:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> Stop:
-        try:
-            for sig in interrupt_signals():  # SIGTERM too, where it is one (entry.py)
-                self._previous[sig] = signal.signal(sig, self)
-        except ValueError:  # not the main thread: no signal reaches it anyway
-            self._previous = {}
+        self._previous = take_interrupts(self)  # SIGTERM too, where it is one (entry.py)
         return self
 
     def __call__(self, signum: int, frame: Any) -> None:
@@ -266,8 +262,7 @@ class Stop:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+        give_back(self._previous)
 
 
 def _first_line(e: BaseException) -> str:
