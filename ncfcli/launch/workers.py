@@ -282,6 +282,17 @@ if sys.platform.startswith("linux"):
         _LIBC = None
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def parent_death_signal(sig: int) -> None:
+    """Linux: `sig` comes to this process when its parent dies, however it dies (prctl
+    PR_SET_PDEATHSIG), so it is never left running for nobody; elsewhere nothing."""
+    prctl = getattr(_LIBC, "prctl", None)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, sig)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGTERM if the launcher dies (e.g. kill -9), never orphan;
     and hear SIGINT and SIGTERM even when the launcher was started with them ignored (a
@@ -289,8 +300,7 @@ def _die_with_parent() -> None:
     they are how the launcher asks a worker to checkpoint and stop."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    parent_death_signal(signal.SIGTERM)
 
 
 def _grace_seconds() -> float:

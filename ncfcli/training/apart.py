@@ -14,7 +14,6 @@ exits at once, and where the parent is gone it removes the race's temporary fold
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import pickle
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
+from ncfcli.launch.workers import parent_death_signal
 from ncfcli.training import loop
 from ncfcli.training.race import INTERRUPTED
 
@@ -58,11 +58,7 @@ def _ends_with(parent: int, folder: Path) -> None:
         os._exit(INTERRUPTED)
 
     signal.signal(signal.SIGTERM, stop)
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):  # no prctl: the race's own SIGTERM still ends it
-            pass
+    parent_death_signal(signal.SIGTERM)  # no prctl: the race's own SIGTERM still ends it
     if os.getppid() != parent:  # gone before the line above
         stop(signal.SIGTERM, None)
 
@@ -78,9 +74,6 @@ def _orphaned(parent: int, wait: float = 2.0) -> bool:
             return False
         time.sleep(0.01)
     return True
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 if __name__ == "__main__":
