@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-INTERRUPTED = 130  # a Ctrl-C's exit status (the shell's for SIGINT)
+from ncfcli.errors import INTERRUPTED
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT), in every command
+
 
 class NcfError(Exception):
     """A problem with the user's input, files or machine, explained in one line.

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from ncfcli.errors import NcfError, file_system_line, is_device_oom
+from ncfcli.errors import INTERRUPTED, NcfError, file_system_line, is_device_oom
 from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
 from ncfcli.version import __version__
 
@@ -181,7 +181,7 @@ def user_errors(func: F) -> F:
         except NcfError as e:
             raise fail(as_typed(str(e)), e.exit_code) from None
         except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+            raise fail("interrupted", INTERRUPTED) from None
         except MemoryError as e:
             if is_device_oom(e):  # CuPy's and RMM's GPU errors are MemoryErrors too
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch.environment import NODE_THREADS_ENV, first_line, timeout_seconds
 
 
@@ -364,7 +364,7 @@ def supervise(
                 _stop([w for w in workers if w is not failed[0]], signal.SIGTERM, grace)
                 code = failed[1] if 0 < failed[1] < 128 else 1
         except (KeyboardInterrupt, _Terminate):
-            code = 130
+            code = INTERRUPTED
             try:
                 _stop(workers, signal.SIGINT, max(grace, INTERRUPT_GRACE_S))
             except (KeyboardInterrupt, _Terminate):  # asked twice: no more waiting

@@ -23,11 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch.environment import DistEnv
 from ncfcli.launch.workers import parent_death_signal
 from ncfcli.training import loop
-from ncfcli.training.race import INTERRUPTED
 
 
 def main(spec: Path) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ncfcli.backend import Backend, get_backend
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import DistEnv, env_from_environ
 from ncfcli.model import baselines
@@ -314,7 +314,7 @@ def _interrupted(
     raise NcfError(
         f"interrupted in epoch {epoch} at step {step}/{n_steps}; saved {path}; "
         f"continue with: ncf train --out {shlex.quote(str(s.run_dir))} --resume",
-        exit_code=130,
+        exit_code=INTERRUPTED,
     )
 
 

@@ -46,7 +46,7 @@ import torch
 from ncfcli.backend import Backend, cpu_count
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import (
     DistEnv,
@@ -62,7 +62,6 @@ from ncfcli.training.defaults import AUTO_COLUMNS, BASE, RECIPES, size_column
 
 RACE_POSITIVES = 100_000  # the sample's training positives, about (the users' whole rows)
 RACE_SHARE = 5  # and at most 1 / RACE_SHARE of the run's
-INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT)
 
 
 @dataclass(frozen=True)

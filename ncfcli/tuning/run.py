@@ -17,7 +17,7 @@ from typing import Any
 
 from ncfcli.backend import get_backend, gpu_count
 from ncfcli.data.store import read_meta
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.fsutil import check_out_dir, read_marker, record_written, write_marker
 from ncfcli.options import fields_of, flags
 from ncfcli.tuning import report, search, workers
@@ -168,7 +168,7 @@ def tune(cfg: TuneConfig, quiet: bool = False) -> dict[str, Any]:
         raise NcfError(
             f"interrupted: {search.ended(study)} trials kept in {tune_dir}; continue "
             f"with: {resume_command(cfg, tune_dir)}",
-            exit_code=search.INTERRUPTED,
+            exit_code=INTERRUPTED,
         ) from None
     me.record(study)  # the report's time too, for the next invocation's budget
     return {**out, "tune_dir": str(tune_dir), "resumed": resumed}

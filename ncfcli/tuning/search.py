@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.data.store import read_meta
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch.environment import give_back, take_interrupts
 from ncfcli.model.kinds import BASELINES
 from ncfcli.scoring.selection import selection_key
@@ -54,7 +54,6 @@ SPENT = "spent_seconds"  # older studies' one record of the wall time used, over
 INVOCATION = "invocation:"  # + host:pid:start -> the wall seconds that invocation has used
 STARTUP_TRIALS = 8  # random trials before TPE models the space
 HEARTBEAT = 10.0  # seconds between an invocation's records of its time
-INTERRUPTED = 130  # a worker's exit code after Ctrl-C (the shell's for SIGINT)
 
 clock = time.time  # every reading of the time in the search (tests put a fake clock here)
 

@@ -22,7 +22,7 @@ import torch
 
 from ncfcli.backend import cpu_count, visible_devices
 from ncfcli.data.store import read_meta
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 from ncfcli.launch.plan import threads_given
 from ncfcli.tuning import search
 from ncfcli.tuning.config import TuneConfig
@@ -190,7 +190,7 @@ def _worker_main(
     parent = os.getppid()
     os.setpgid(0, 0)
     if work(cfg_dict, tune_dir, worker, deadline, gpus, quiet):
-        sys.exit(search.INTERRUPTED)
+        sys.exit(INTERRUPTED)
 
 
 def _spawn(cfg: TuneConfig, tune_dir: Path, deadline: float | None, gpus: int, quiet: bool) -> bool:
@@ -218,8 +218,8 @@ def _spawn(cfg: TuneConfig, tune_dir: Path, deadline: float | None, gpus: int, q
                 p.terminate()
                 p.join()
     codes = [p.exitcode for p in procs]
-    stopped = stopped or search.INTERRUPTED in codes
-    failed = [c for c in codes if c not in (0, None, search.INTERRUPTED)]
+    stopped = stopped or INTERRUPTED in codes
+    failed = [c for c in codes if c not in (0, None, INTERRUPTED)]
     if failed and not stopped:
         raise NcfError(
             f"{len(failed)} of {cfg.jobs} tune workers failed (exit code {failed[0]}); "

@@ -88,7 +88,7 @@ from ncfcli.data.record import (
 from ncfcli.data.sources import save_titles
 from ncfcli.data.store import finish_dataset
 from ncfcli.data.synthetic import partition_bounds
-from ncfcli.errors import NcfError
+from ncfcli.errors import INTERRUPTED, NcfError
 
 # ---- the client ---------------------------------------------------------------------------
 
@@ -234,7 +234,7 @@ def prepare_dask(
             except NcfError:
                 raise
             except KeyboardInterrupt:  # the buckets written are kept (resume.py)
-                raise resume.noted(NcfError("interrupted", 130), out) from None
+                raise resume.noted(NcfError("interrupted", INTERRUPTED), out) from None
             except (KilledWorker, CancelledError) as e:
                 # A lost worker's results are recomputed from their tasks (nothing is
                 # scattered); this is a task whose worker died on each of its tries
