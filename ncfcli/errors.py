@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT), in every command
 
 
@@ -40,20 +38,3 @@ def is_device_oom(e: BaseException) -> bool:
     if isinstance(e, MemoryError) and "cuda error" in text:
         return True  # rmm::bad_alloc: a CUDA allocation that failed for another CUDA reason
     return any(word in text for word in _DEVICE_OOM_TEXT)
-
-
-# ncf writes a file or folder under a temporary name beside its target (`.NAME.tmp-XXXX`), then
-# renames it: an error names the target the user gave, not the temporary name.
-_TEMPORARY = re.compile(r"(^|/)\.([^/'\"]+?)\.tmp-[0-9A-Za-z]+")
-
-
-def file_system_line(e: OSError) -> str:
-    """One line for a file system error (a folder that cannot be made, a disk full, a file
-    that cannot be opened): the path and the system's reason, as `cp` and `mkdir` say it."""
-    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
-    if paths and e.strerror:
-        text = f"{' -> '.join(paths)}: {e.strerror}"
-    else:  # pyarrow's and others' errors carry the path only in their text
-        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        text = re.sub(r"^\[Errno \d+\] ", "", text)
-    return _TEMPORARY.sub(r"\1\2", text)

@@ -23,6 +23,7 @@ import errno
 import fnmatch
 import json
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterable, Iterator
@@ -47,6 +48,23 @@ KINDS = {
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+# The temporary names above (`_tmp_name`, `_temp_dir`: `.NAME.tmp-XXXX`) in an error's text: an
+# error names the target the user gave, not the temporary name.
+_TEMPORARY = re.compile(r"(^|/)\.([^/'\"]+?)\.tmp-[0-9A-Za-z]+")
+
+
+def file_system_line(e: OSError) -> str:
+    """One line for a file system error (a folder that cannot be made, a disk full, a file
+    that cannot be opened): the path and the system's reason, as `cp` and `mkdir` say it."""
+    paths = [str(p) for p in (e.filename, e.filename2) if p is not None]
+    if paths and e.strerror:
+        text = f"{' -> '.join(paths)}: {e.strerror}"
+    else:  # pyarrow's and others' errors carry the path only in their text
+        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        text = re.sub(r"^\[Errno \d+\] ", "", text)
+    return _TEMPORARY.sub(r"\1\2", text)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

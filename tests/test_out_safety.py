@@ -158,7 +158,7 @@ def test_file_system_errors_name_the_path_the_user_gave() -> None:
     kept; an error that holds its path only in its text (pyarrow's) is its first line."""
     import errno
 
-    from ncfcli.errors import file_system_line
+    from ncfcli.fsutil import file_system_line
 
     full = OSError(errno.ENOSPC, "No space left on device", "/data/runs/.u.tmp-3f2a/best.pt")
     assert file_system_line(full) == "/data/runs/u/best.pt: No space left on device"

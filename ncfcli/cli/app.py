@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import typer
 
-from ncfcli.errors import INTERRUPTED, NcfError, file_system_line, is_device_oom
+from ncfcli.errors import INTERRUPTED, NcfError, is_device_oom
+from ncfcli.fsutil import file_system_line
 from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
 from ncfcli.version import __version__
 
