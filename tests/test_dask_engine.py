@@ -215,7 +215,6 @@ def test_a_ctrl_c_in_a_gather_leaves_no_asyncio_traceback(
     the buckets written); the gather left pending ends with AllExit as the cluster closes, and
     asyncio logged it ("Task exception was never retrieved", a traceback) under the run's
     one line. The cluster's teardown after any error is quiet."""
-    import _thread
     import gc
     import logging
     import threading
@@ -229,13 +228,19 @@ def test_a_ctrl_c_in_a_gather_leaves_no_asyncio_traceback(
     levels = {n: logging.getLogger(n).level for n in names}
     config = PrepareConfig(source="synthetic", engine="dask", workers=1, out=str(tmp_path / "o"))
     caplog.set_level(logging.ERROR)
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(NcfError, match="interrupted"):
             with client_for(config, get_backend("cpu"), tmp_path, None) as client:
                 done = tmp_path / "done"  # the task's end, once the cluster is closing
                 pending = client.submit(_wait_for, done, pure=False)
-                threading.Timer(1.0, _thread.interrupt_main).start()  # the main thread's Ctrl-C
-                threading.Timer(10.0, done.touch).start()
+                # A real SIGINT at the main thread, as a terminal's Ctrl-C is: it wakes the
+                # gather's wait at once (interrupt_main only sets a flag, which that wait reads
+                # when its 10 s poll ends, a race with the task's end)
+                threading.Timer(1.0, signal.pthread_kill, (main, signal.SIGINT)).start()
+                threading.Timer(4.0, done.touch).start()
                 try:
                     client.gather(pending)
                 except KeyboardInterrupt:
@@ -247,6 +252,7 @@ def test_a_ctrl_c_in_a_gather_leaves_no_asyncio_traceback(
         said = [r.getMessage() for r in caplog.records]
         assert not [m for m in said if "never retrieved" in m], said
     finally:
+        signal.signal(signal.SIGINT, handler)
         for n, level in levels.items():
             logging.getLogger(n).setLevel(level)
 
