@@ -78,6 +78,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+EXPORT_TEMP = ".ncf-export-"  # staging_dir's folders
 FULL_BYTES = 1 << 20  # less free than this on a disk after a write failed there: it is full
 
 
@@ -153,6 +154,27 @@ def atomic_dir(path: str | os.PathLike, kind: str) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def staging_dir(folder: Path, target: Path) -> Iterator[Path]:
+    """A temporary folder in `folder` for files that will be moved out of it one by one (an
+    export beside the user's own files), removed after. A disk that fills while it is written
+    is `full_disk`'s line for `target`, or for the file that failed where it lies elsewhere."""
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=EXPORT_TEMP, dir=folder))
+    try:
+        yield tmp
+    except OSError as e:
+        where = Path(e.filename) if isinstance(e.filename, str) else tmp
+        inside = where == tmp or tmp in where.parents
+        full = full_disk(e, target if inside else where, folder if inside else where.parent)
+        if full is None:
+            raise
+        raise full from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def install_dir(tmp: Path, path: Path, kind: str) -> None:
     """atomic_dir's last step: the complete folder `tmp` (beside `path`) gets its record of
     `kind` and becomes `path`, replacing only ncf's own `kind` output there."""
@@ -173,7 +195,7 @@ def install_dir(tmp: Path, path: Path, kind: str) -> None:
 def _is_ncf_temp(name: str) -> bool:
     """Names ncf gives its temporary files and directories (a crash may leave one behind)."""
     return name.startswith(".") and (
-        ".tmp-" in name or ".old-" in name or name.startswith(".ncf-export-")
+        ".tmp-" in name or ".old-" in name or name.startswith(EXPORT_TEMP)
     )
 
 

@@ -366,6 +366,58 @@ def test_a_failed_export_leaves_no_folder_behind(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_disk_that_fills_during_the_export_is_the_disk_full_line(
+    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph's file write fails for lack of space: the one line every ncf write gives,
+    naming the folder the user asked for (not the exporter's "[Errno 28]"), and nothing left."""
+    import errno
+    from collections import namedtuple
+
+    def full(self: object, path: str, **kwargs: object) -> None:
+        Path(path).write_bytes(b"\x08")  # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", full)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(10**9, 10**9, 3 * 2**19))
+    out = tmp_path / "exp"
+    res = runner.invoke(
+        app, ["export", str(exported["run"]), "--onnx", "--out", str(out / "m.onnx")]
+    )
+    assert res.exit_code == 1, res.output
+    assert res.stderr.strip() == (
+        f"error: cannot write {out / 'm.onnx'}: its disk is full (1.5 MiB free); free some space and run "
+        "the command again"
+    ), res.output
+    assert list(tmp_path.iterdir()) == []
+    # a Triton repository on its own (full) disk: the line names the file that failed there
+    import ncfcli.serve.onnx_export
+
+    def triton_full(folder: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "config.pbtxt"))
+
+    monkeypatch.undo()
+    monkeypatch.setattr(ncfcli.serve.onnx_export, "write_model", triton_full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda where: usage(10**9, 10**9, 0))
+    repo = tmp_path / "repo"
+    args = [
+        "export",
+        str(exported["run"]),
+        "--onnx",
+        "--out",
+        str(out / "m.onnx"),
+        "--triton",
+        str(repo),
+    ]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert res.stderr.startswith(
+        f"error: cannot write {repo / 'ncf' / 'config.pbtxt'}: its disk is full (0.0 MiB"
+    ), res.output
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- exporting again after the README's quickstart -------------------------------------------
 
 

@@ -45,7 +45,6 @@ the same two inputs; with --session also DIR/<name>_session/, which takes the th
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ from ncfcli.backend import get_backend
 from ncfcli.data.layout import ID_MAPS
 from ncfcli.data.store import read_meta
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import check_out_file, read_marker, record_written
+from ncfcli.fsutil import check_out_file, read_marker, record_written, staging_dir
 from ncfcli.rundir.checkpoint import load_run
 from ncfcli.scoring.scorer import context_window, split_context, takes_context
 from ncfcli.serve.config import ExportConfig
@@ -174,11 +173,7 @@ def export(run: Any, data_dir: Path, cfg: ExportConfig) -> dict:
     dirs = [(folder, "export directory")]
     if cfg.triton is not None:
         dirs.append((Path(cfg.triton), "--triton directory"))
-    with (
-        new_dirs(*dirs),
-        tempfile.TemporaryDirectory(prefix=".ncf-export-", dir=folder) as tmp_s,
-    ):
-        tmp = Path(tmp_s)
+    with new_dirs(*dirs), staging_dir(folder, out) as tmp:
         checked = check_graphs(run, data, model, context, tmp, files, cfg, backend)
         diffs, worst, served, n_compared = checked
         desc = describe(run, meta, out.name, diffs[out.name], cfg.opset)

@@ -155,7 +155,7 @@ def build(model: Any, path: Path, opset: int, context: Any, session: bool) -> No
 
     try:
         export_onnx(model, path, opset, context, session)
-    except NcfError:
+    except (NcfError, OSError):  # a full disk, a folder gone: the caller's one line names it
         raise
     except Exception as e:  # exporter failures are long; the first line says enough
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
