@@ -271,3 +271,15 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line(
     with pytest.raises(RuntimeError, match="unexpected pos"):
         checkpoint.save_checkpoint(tmp_path / "x.pt", {"w": torch.zeros(10)})
     assert list(tmp_path.glob("x.pt*")) == []
+    # a quota met (EDQUOT) with the disk itself roomy: full for this user all the same
+    import errno
+
+    def quota(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(torch, "save", quota)
+    with pytest.raises(
+        NcfError, match=r"cannot write .*x\.pt: its disk is full \(1024\.0 GiB free"
+    ):
+        checkpoint.save_checkpoint(tmp_path / "x.pt", {"w": torch.zeros(10)})
+    assert list(tmp_path.glob("x.pt*")) == []

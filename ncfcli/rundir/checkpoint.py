@@ -65,7 +65,7 @@ def save_checkpoint(path: str | os.PathLike, state: dict[str, Any]) -> None:
             torch.save(state, tmp)
         except (OSError, RuntimeError) as e:
             free, need = shutil.disk_usage(Path(tmp).parent).free, tensor_bytes(state)
-            if getattr(e, "errno", None) != errno.ENOSPC and free >= need:
+            if getattr(e, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and free >= need:
                 raise
             raise NcfError(
                 f"cannot write {path}: its disk is full ({memory_size(free)} free, the "
