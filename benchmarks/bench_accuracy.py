@@ -72,11 +72,19 @@ def held_out_metrics(
     device: str = "auto",
     checkpoint: str = "best",
 ) -> dict[str, float]:
+    """`ncf eval RUN --split SPLIT -k 10` per protocol (`--full-ranking` for "full"), run here
+    through the Python API: the figures `ncf eval` prints, without a process (and torch's
+    import) for each; a failure ends the benchmark with its one line, as `ncf_json` does."""
+    from ncfcli.api import evaluate
+    from ncfcli.errors import NcfError
+
     out = {}
     for proto in protocols:
-        extra = ["--full-ranking"] if proto == "full" else []
-        m = ncf_json("eval", str(run), "--split", split, "--k", "10", "--device", device,
-                     "--checkpoint", checkpoint, *extra)["metrics"]  # fmt: skip
+        try:
+            m = evaluate(run, device=device, split=split, k=(10,), checkpoint=checkpoint,
+                         full_ranking=proto == "full").metrics  # fmt: skip
+        except NcfError as e:
+            sys.exit(f"error: ncf eval {run} --split {split} ({proto}) failed: {e}")
         out.update({f"{proto} {k}": m[k] for k in METRICS})
     return out
 
