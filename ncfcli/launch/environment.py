@@ -18,12 +18,13 @@ process wait for ranks that never come.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +217,26 @@ def give_back(previous: dict[int, Any]) -> None:
     """The handlers `take_interrupts` replaced, as they were."""
     for sig, handler in previous.items():
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def variables_set(values: Mapping[str, str | None]) -> Iterator[None]:
+    """These environment variables set (None: unset) meanwhile, for a process started or a
+    library that reads them meanwhile; each as it was after."""
+    before = {k: os.environ.get(k) for k in values}
+    _put_variables(values)
+    try:
+        yield
+    finally:
+        _put_variables(before)
+
+
+def _put_variables(values: Mapping[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def first_line(e: BaseException) -> str:

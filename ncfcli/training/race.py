@@ -54,6 +54,7 @@ from ncfcli.launch.environment import (
     local_world_size,
     node_threads,
     timeout_seconds,
+    variables_set,
 )
 from ncfcli.launch.plan import threads_given
 from ncfcli.training import recency
@@ -444,21 +445,12 @@ def _threads(n: int, omp: str | None) -> Iterator[None]:
     """torch's `n` threads and OMP_NUM_THREADS `omp` (None: unset) for what runs inside; the
     count and the variable as they were after."""
     threads = torch.get_num_threads()
-    chosen = os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(n)
-    _set_omp(omp)
     try:
-        yield
+        with variables_set({"OMP_NUM_THREADS": omp}):
+            yield
     finally:
         torch.set_num_threads(threads)
-        _set_omp(chosen)
-
-
-def _set_omp(value: str | None) -> None:
-    if value is None:
-        os.environ.pop("OMP_NUM_THREADS", None)
-    else:
-        os.environ["OMP_NUM_THREADS"] = value
 
 
 def _racers_here(env: DistEnv, racers: int) -> int:

@@ -33,6 +33,7 @@ from ncfcli.data.blocks import Block
 from ncfcli.data.config import PrepareConfig
 from ncfcli.data.synthetic import partition_bounds
 from ncfcli.errors import NcfError
+from ncfcli.launch.environment import variables_set
 
 # An idle CPU worker with numpy, pandas, pyarrow and ncf's data modules loaded: 135 MiB RSS
 # measured (distributed 2026.8, Python 3.11), rounded up.
@@ -156,23 +157,8 @@ def _forkserver_without_sigint(stack: contextlib.ExitStack) -> None:
     # goes back to the system) in the process it starts, before glibc reads it; a forked worker
     # has the fork server's C environment instead, so the fork server starts with it.
     spawn_env = dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}
-    with _sigint_ignored(), _environ({k: str(v) for k, v in spawn_env.items()}):
+    with _sigint_ignored(), variables_set({k: str(v) for k, v in spawn_env.items()}):
         forkserver.ensure_running()
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """These environment variables set meanwhile (for a process started meanwhile)."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _cuda_cluster(config: PrepareConfig, memory: int | None, scratch: Path, http: str) -> Any:
