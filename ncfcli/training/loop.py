@@ -168,17 +168,14 @@ def run_training(
         ):
             for epoch in range(s.done + 1, cfg.epochs + 1):
                 backend.synchronize_stream()  # not the side stream building the next epoch
-                t0 = (
-                    time.perf_counter()
-                )  # samples/s counts building the epoch's data, as NVIDIA's does
+                # samples/s counts building the epoch's data, as NVIDIA's does
+                t0 = time.perf_counter()
                 batches = (
                     upcoming.result() if upcoming else build_epoch(s.sampler, epoch, s.local_batch)
                 )
                 if epoch < cfg.epochs:
                     upcoming = builder.submit(build_epoch, s.sampler, epoch + 1, s.local_batch)
-                if (
-                    epoch == s.done + 1 and env.is_main
-                ):  # then the builder idles: curves.png's imports
+                if epoch == s.done + 1 and env.is_main:  # the builder idles: curves.png's imports
                     builder.submit(import_plotting)
                 ep = epoch_steps(s, batches, epoch, bar, interrupt, check_sync)
                 backend.synchronize_stream()
