@@ -159,9 +159,7 @@ def staging_dir(folder: Path, target: Path) -> Iterator[Path]:
     """A temporary folder in `folder` for files that will be moved out of it one by one (an
     export beside the user's own files), removed after. A disk that fills while it is written
     is `full_disk`'s line for `target`, or for the file that failed where it lies elsewhere."""
-    import tempfile
-
-    tmp = Path(tempfile.mkdtemp(prefix=EXPORT_TEMP, dir=folder))
+    tmp = _temp_dir(folder, EXPORT_TEMP)
     try:
         yield tmp
     except OSError as e:
