@@ -418,6 +418,26 @@ def test_a_disk_that_fills_during_the_export_is_the_disk_full_line(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_another_write_error_during_the_export_names_the_users_file(
+    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that fails for another reason (a graph past a FAT disk's 4 GiB) names the file
+    where the user will look for it, not the staging folder ncf wrote it in first."""
+    import errno
+
+    def too_large(self: object, path: str, **kwargs: object) -> None:
+        raise OSError(errno.EFBIG, "File too large", path)
+
+    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", too_large)
+    out = tmp_path / "exp"
+    res = runner.invoke(
+        app, ["export", str(exported["run"]), "--onnx", "--out", str(out / "m.onnx")]
+    )
+    assert res.exit_code == 1, res.output
+    assert res.stderr.strip().splitlines()[-1] == f"error: {out / 'm.onnx'}: File too large"
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- exporting again after the README's quickstart -------------------------------------------
 
 
