@@ -346,10 +346,16 @@ def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     res = subprocess.run(
         [*bench, str(eras), "--at", "3", "--steps", "2", "--rounds", "2", "--target", "100",
-         "--sequence-length", "5", "--factors", "8"],
+         "--sequence-length", "5", "--factors", "8", "--ops", "3"],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout + res.stderr
+    # --ops: the profiled step's 3 costliest ops on the loop's thread, the costliest first
+    head = res.stdout.index("torch.profiler, 2 steps as `ncf train` takes them, the loop's thread")
+    ops = re.findall(r"^ +([\d.]+) ms \( *([\d.]+)%\)  (aten::\w+|\S+)", res.stdout[head:], re.M)
+    assert len(ops) == 3, res.stdout
+    shares = [float(share) for _, share, _ in ops]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.0, ops
     medians, ratios = {}, {}
     for way in ("step", "serial", "without term"):
         got = re.search(rf"^{way} +median ([\d.]+) ms \(min [\d.]+, max [\d.]+, N=2\)  "

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ncfcli.backend import Backend
 from ncfcli.errors import NcfError
 from ncfcli.launch.environment import DistEnv
+from ncfcli.model.layers import KeptGrad, kept_grad
 from ncfcli.training import tables
 from ncfcli.training.config import TrainConfig
 
@@ -76,8 +77,28 @@ class CpuAdam:
         self.steps = [torch.zeros((), dtype=torch.float32) for _ in self.params]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients to None, but a table's kept gradient (`keep_table_grads`) to zero rows."""
         for p in self.params:
-            p.grad = None
+            kept = kept_grad(p)
+            if kept is None:
+                p.grad = None
+            else:
+                kept.zero()
+
+    def keep_table_grads(self, model: torch.nn.Module) -> None:
+        """Keep each fp32 embedding table's gradient between steps (layers.KeptGrad): the rows a
+        step read are added into it and cleared at the next step, where a step would zero-fill
+        a table-sized gradient. For a run of one process without micro-batches only: DDP's
+        reducer waits on autograd's gradients, and slices would sum a row in another order."""
+        mine = {id(p) for p in self.params}
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding) and id(m.weight) in mine:
+                if m.weight.dtype == torch.float32:
+                    m.weight.kept_grad = KeptGrad(m.weight)  # type: ignore[attr-defined]
+
+    def _live(self, k: int) -> bool:
+        kept = kept_grad(self.params[k])
+        return self.params[k].grad is not None if kept is None else kept.live
 
     @torch.no_grad()
     def step(self) -> None:
@@ -89,7 +110,7 @@ class CpuAdam:
         """Adam's update of param group i alone (`step` runs every group so): the sequence
         term's group steps on the thread that computed its gradients (training/step.py)."""
         g = self.param_groups[i]
-        live = [k for k in g["index"] if self.params[k].grad is not None]
+        live = [k for k in g["index"] if self._live(k)]
         if live:
             steps = [self.steps[k] for k in live]
             torch._foreach_add_(steps, 1.0)
@@ -176,6 +197,8 @@ def make_optimizer(
         )
     else:
         optimizer = CpuAdam(groups, lr=cfg.lr, betas=betas, eps=float(cfg.eps))  # type: ignore[arg-type]
+        if not env.enabled and cfg.micro_batch is None:
+            optimizer.keep_table_grads(model)
     if rows is not None:
         return tables.WithTables(optimizer, rows), scaler, f"row-sparse ({why})"
     return optimizer, scaler, f"dense ({why})"
