@@ -338,6 +338,24 @@ def test_the_step_kernels_benchmark_counts_a_step(prepared_dir: Path) -> None:
     assert float(line.group(4)) == pytest.approx(samples / step_s / 1e6, abs=0.1)
 
 
+def test_the_lazy_adam_benchmark_matches_dense_adam_but_for_eps() -> None:
+    """bench_lazy_adam.py: Adam on the rows a step reads, each row brought up to date by the
+    closed form for the steps it missed, ends where dense Adam does to float rounding when eps
+    is near 0, and prints how far Adam's own eps parts them."""
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_lazy_adam.py"), "--rows", "300",
+         "--width", "4", "--batch", "20", "--steps", "60"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = dict(re.findall(r"^eps (\S+): dense [\d.]+ ms a step, lazy [\d.]+ ms \([\d.]+x\); "
+                          r"the weights' largest move [\d.e+-]+, largest difference [\d.e+-]+ "
+                          r"\(([\d.e+-]+) of it\)", res.stdout, re.M))  # fmt: skip
+    assert set(got) == {"1e-08", "1e-30"}, res.stdout
+    assert float(got["1e-30"]) < 1e-5, res.stdout  # the same algorithm: rounding apart
+    assert float(got["1e-08"]) > float(got["1e-30"]), res.stdout  # eps left out of the drift
+
+
 def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
     """bench_term_step.py times one batch's step as the run takes it, serially and without the
     term; each ratio is its median over the step without the term's, and the verdict is the
