@@ -15,9 +15,9 @@ rounds (the machine's drift falls on all three alike):
 and prints the milliseconds a step (median, min, max over the rounds) and the ratios to the
 step without the term. `--ops N` then runs the step as `ncf train` takes it under
 torch.profiler and prints the N ops of most CPU time by input shape on the loop's thread (the
-kind's half: the profiler does not record the term's thread). The run needs the term (the default turns it on where the validation
-probe finds a time signal; else pass --sequence-length). Exits 1 where `step` costs more than
---target times `without term`.
+kind's half: the profiler does not record the term's thread). The run needs the term (the
+default turns it on where the validation probe finds a time signal; else pass
+--sequence-length). Exits 1 where `step` costs more than --target times `without term`.
 
     python benchmarks/bench_term_step.py ~/.cache/ncf/ml-100k
     python benchmarks/bench_term_step.py DATA --steps 20 --rounds 5
@@ -84,12 +84,12 @@ def print_ops(step: Any, steps: int, ops: int) -> None:
     with torch.profiler.profile(activities=cpu, record_shapes=True) as prof:
         for _ in range(steps):
             step()
-    rows = prof.key_averages(group_by_input_shape=True)
-    rows = sorted(rows, key=lambda r: -r.self_cpu_time_total)[:ops]
+    every = sorted(prof.key_averages(group_by_input_shape=True),
+                   key=lambda r: -r.self_cpu_time_total)  # fmt: skip
+    total = sum(r.self_cpu_time_total for r in every)
     print(f"torch.profiler, {steps} steps as `ncf train` takes them, the loop's thread: ms a step "
           "(share of the thread's op time), op, input shapes")  # fmt: skip
-    total = sum(r.self_cpu_time_total for r in prof.key_averages())
-    for r in rows:
+    for r in every[:ops]:
         share = r.self_cpu_time_total / total
         shapes = ", ".join(str(list(x)) for x in r.input_shapes if x)
         print(f"  {r.self_cpu_time_total / steps / 1e3:7.3f} ms ({share:5.1%})  {r.key}  {shapes}")

@@ -187,8 +187,8 @@ class KeptGrad:
 
 
 class _GatherKept(torch.autograd.Function):
-    """`_Gather` for a table with a KeptGrad: backward adds the rows' gradient into it (fp32,
-    as `_Gather` sums) and hands autograd none for the table."""
+    """`_Gather` for a table with a KeptGrad (an fp32 table: the sums in fp32, as `_Gather`'s):
+    backward adds the rows' gradient into it and hands autograd none for the table."""
 
     @staticmethod
     def forward(ctx: Any, table: torch.Tensor, ids: torch.Tensor, kept: KeptGrad) -> torch.Tensor:
@@ -199,7 +199,7 @@ class _GatherKept(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None]:
         (ids,) = ctx.saved_tensors
-        ctx.kept.add(ids, grad.to(torch.promote_types(grad.dtype, torch.float32)))
+        ctx.kept.add(ids, grad)
         return None, None, None
 
 
