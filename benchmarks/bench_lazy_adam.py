@@ -101,6 +101,8 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=0.8, help="the rows' popularity exponent")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    if min(a.rows, a.width, a.batch, a.steps) < 1 or a.zipf < 0:
+        ap.error("--rows, --width, --batch and --steps must be >= 1, --zipf >= 0")
     torch.set_num_threads(1)
     keep_heap()  # as ncf train on a CPU: freed blocks stay in the heap
     print(f"{machine()}; a [{a.rows}, {a.width}] table, {a.batch} ids a step, {a.steps} steps, "

@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=1.5, help="most a step may cost over one "
                     "without the term")  # fmt: skip
     args, flags = ap.parse_known_args()
+    if args.ops < 0:
+        ap.error("--ops must be >= 0 (0: no profile)")
     print(f"{machine()}; ncf train {args.data} {' '.join(flags)}; step {args.at}'s batch, "
           f"{args.steps} steps x {args.rounds} rounds")  # fmt: skip
     got = time_steps(args.data, flags, args.at, args.steps, args.rounds, args.ops)

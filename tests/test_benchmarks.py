@@ -354,6 +354,10 @@ def test_the_lazy_adam_benchmark_matches_dense_adam_but_for_eps() -> None:
     assert set(got) == {"1e-08", "1e-30"}, res.stdout
     assert float(got["1e-30"]) < 1e-5, res.stdout  # the same algorithm: rounding apart
     assert float(got["1e-08"]) > float(got["1e-30"]), res.stdout  # eps left out of the drift
+    bad = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_lazy_adam.py"),
+                          "--steps", "0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1].endswith("--steps must be >= 1, --zipf >= 0")
 
 
 def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
@@ -388,6 +392,10 @@ def test_the_term_step_benchmark_times_three_ways(eras: Path) -> None:
     assert f"a step with the term: {ratios['step']:.2f}x one without; target 100x: met" in (
         res.stdout
     )
+    bad = subprocess.run([*bench, str(eras), "--ops", "-1"], capture_output=True, text=True,
+                         timeout=60, env=env)  # fmt: skip
+    assert bad.returncode == 2 and bad.stdout == ""  # before anything trains
+    assert bad.stderr.strip().splitlines()[-1].endswith("error: --ops must be >= 0 (0: no profile)")
     none = subprocess.run([*bench, str(eras), "--at", "2", "--sequence-length", "0"],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert none.returncode != 0
