@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -47,11 +47,6 @@ def driver_present() -> bool:
     return os.path.exists("/dev/nvidiactl") or ctypes.util.find_library("cuda") is not None
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
 @functools.cache
 def _note(message: str) -> None:
     """One line on stderr, once per process: what the GPU set-up chose and why."""
@@ -70,7 +65,7 @@ def cupy_probe() -> tuple[ModuleType | None, str]:
 
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as e:  # e.g. cudaErrorInsufficientDriver: the driver predates CuPy's CUDA
-        return None, f"CuPy cannot use the GPU driver: {_first_line(e)}"
+        return None, f"CuPy cannot use the GPU driver: {first_line(e, 200)}"
     if count < 1:
         return None, "CuPy sees no GPU"
     return cupy, ""
@@ -106,7 +101,7 @@ def _torch_cuda_probe() -> tuple[int, str]:
     try:
         count = int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
     except Exception as e:
-        return 0, f"torch {torch.__version__} cannot use the GPU: {_first_line(e)}"
+        return 0, f"torch {torch.__version__} cannot use the GPU: {first_line(e, 200)}"
     if count > 0:
         return count, ""
     driver = _driver_cuda(cp) if cp is not None else "?"
@@ -159,7 +154,7 @@ def _cudf() -> ModuleType | None:
     try:
         import cudf
     except Exception as e:
-        _note(f"cuDF does not import ({_first_line(e)}); files are read with pandas")
+        _note(f"cuDF does not import ({first_line(e, 200)}); files are read with pandas")
         return None
     finally:
         # Importing cuDF points CuPy at RMM's current resource (cudf/__init__.py); keep what
@@ -247,7 +242,7 @@ def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
             stats = rmm.mr.StatisticsResourceAdaptor(rmm.mr.CudaAsyncMemoryResource())
         rmm.mr.set_per_device_resource(device_index, stats)
     except Exception as e:
-        _note(f"RMM could not be used ({_first_line(e)}); allocator: {own}")
+        _note(f"RMM could not be used ({first_line(e, 200)}); allocator: {own}")
         return f"{own} (RMM failed)"
     cp.cuda.set_allocator(rmm_cupy_allocator)
     _ALLOC["stats"] = stats
@@ -259,7 +254,7 @@ def _use_rmm(cp: ModuleType, torch: ModuleType, device_index: int) -> str:
         torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
     # torch initialised CUDA before us: "Can't swap an already initialized allocator"
     except Exception as e:
-        _note(f"torch's allocator could not be swapped ({_first_line(e)}); allocator: {beside}")
+        _note(f"torch's allocator could not be swapped ({first_line(e, 200)}); allocator: {beside}")
         return beside
     _ALLOC["torch_on_rmm"] = True
     return "RMM async pool (cuDF, CuPy, torch)"

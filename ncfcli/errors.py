@@ -5,6 +5,13 @@ from __future__ import annotations
 INTERRUPTED = 130  # the exit code of a Ctrl-C (the shell's for SIGINT), in every command
 
 
+def first_line(e: BaseException, width: int = 300) -> str:
+    """The first line of `e`'s message (at most `width` characters), or its type's name: what
+    an error from a library (torch, CuPy, a socket) adds to ncf's own line."""
+    text = str(e).strip()
+    return text.splitlines()[0][:width] if text else type(e).__name__
+
+
 class NcfError(Exception):
     """A problem with the user's input, files or machine, explained in one line.
 

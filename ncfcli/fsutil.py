@@ -159,7 +159,8 @@ def staging_dir(folder: Path, target: Path) -> Iterator[Path]:
     """A temporary folder in `folder` for files that will be moved out of it one by one (an
     export beside the user's own files), removed after. A disk that fills while it is written
     is `full_disk`'s line for `target`, or for the file that failed where it lies elsewhere;
-    another error inside the folder names the file's place in `folder`, not ncf's own name."""
+    another error inside the folder names the file's place in `folder` (an error on the
+    temporary folder itself names `folder`), never ncf's own name."""
     tmp = _temp_dir(folder, EXPORT_TEMP)
     try:
         yield tmp
@@ -169,8 +170,9 @@ def staging_dir(folder: Path, target: Path) -> Iterator[Path]:
         full = full_disk(e, target if inside else where, folder if inside else where.parent)
         if full is not None:
             raise full from None
-        if not inside or where == tmp or e.errno is None:
+        if not inside or e.errno is None:
             raise
+        # The staging folder's own error (where == tmp) names the user's folder it stands in.
         raise type(e)(e.errno, e.strerror, str(folder / where.relative_to(tmp))) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -438,6 +438,26 @@ def test_another_write_error_during_the_export_names_the_users_file(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_error_on_the_staging_folder_itself_names_the_users_folder(
+    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error on ncf's staging folder itself (not a file in it) names the folder the user gave,
+    where the staging folder stood, not `.ncf-export-XXXX`."""
+    import errno
+
+    def denied(self: object, path: str, **kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", os.path.dirname(path))
+
+    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", denied)
+    out = tmp_path / "exp"
+    res = runner.invoke(
+        app, ["export", str(exported["run"]), "--onnx", "--out", str(out / "m.onnx")]
+    )
+    assert res.exit_code == 1, res.output
+    assert res.stderr.strip().splitlines()[-1] == f"error: {out}: Permission denied"
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- exporting again after the README's quickstart -------------------------------------------
 
 

@@ -18,7 +18,7 @@ import torch
 
 import ncfcli
 from ncfcli.backend import Backend
-from ncfcli.errors import NcfError, is_device_oom
+from ncfcli.errors import NcfError, first_line, is_device_oom
 from ncfcli.training import device as train_device
 from ncfcli.training import loop as train_loop
 from ncfcli.training import start as train_start
@@ -137,6 +137,15 @@ def test_f7_device_out_of_memory_is_told_from_the_hosts() -> None:
     for error, device in cases:
         assert is_device_oom(error) is device, error
         assert train_device.is_oom(error) is device, error
+
+
+def test_a_librarys_error_joins_ncfs_line_as_its_first_line() -> None:
+    """A library's error (RMM's above, a socket's, CuPy's) adds its first line, cut to a
+    width, to ncf's own; an error with no message adds its type's name."""
+    assert first_line(MemoryError(RMM_OOM + "\n  at frame 2")) == RMM_OOM
+    assert first_line(MemoryError(RMM_OOM), 20) == RMM_OOM[:20]
+    assert first_line(OSError("  \n")) == "OSError"
+    assert first_line(RuntimeError("\n second line first\n third")) == "second line first"
 
 
 def test_f7_train_gives_the_memory_hint_for_rmms_error(

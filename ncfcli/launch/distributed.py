@@ -17,12 +17,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 from ncfcli.launch.environment import (
     TIMEOUT_ENV,
     DistEnv,
     backend_for,
-    first_line,
     in_slurm_step,
     slurm_master,
     timeout_seconds,

@@ -239,12 +239,6 @@ def _put_variables(values: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def first_line(e: BaseException) -> str:
-    """The first line of `e`'s message (at most 300 characters), or its type's name."""
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
-
 @dataclass(frozen=True)
 class LaunchFlags:
     """`ncf train`'s launch options, checked when made: a one-line NcfError naming the flag

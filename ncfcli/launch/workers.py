@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import IO, Any
 
-from ncfcli.errors import INTERRUPTED, NcfError
-from ncfcli.launch.environment import NODE_THREADS_ENV, first_line, timeout_seconds
+from ncfcli.errors import INTERRUPTED, NcfError, first_line
+from ncfcli.launch.environment import NODE_THREADS_ENV, timeout_seconds
 
 
 @dataclass(frozen=True)

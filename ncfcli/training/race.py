@@ -46,11 +46,10 @@ import torch
 from ncfcli.backend import Backend, cpu_count
 from ncfcli.data.dataset import PreparedData
 from ncfcli.data.store import write_prepared
-from ncfcli.errors import INTERRUPTED, NcfError
+from ncfcli.errors import INTERRUPTED, NcfError, first_line
 from ncfcli.launch import distributed as dist_env
 from ncfcli.launch.environment import (
     DistEnv,
-    first_line,
     local_world_size,
     node_threads,
     timeout_seconds,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ncfcli.data.store import read_meta
-from ncfcli.errors import INTERRUPTED, NcfError
+from ncfcli.errors import INTERRUPTED, NcfError, first_line
 from ncfcli.launch.environment import give_back, take_interrupts
 from ncfcli.model.kinds import BASELINES
 from ncfcli.scoring.selection import selection_key
@@ -264,11 +264,6 @@ class Stop:
         give_back(self._previous)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:200]
-
-
 class Objective:
     """One trial: draw the settings, train on the validation split, return its figure of
     --select-metric (HR@10 unless named). Any error fails the trial with its first line."""
@@ -297,9 +292,9 @@ class Objective:
         except NcfError as e:
             if e.exit_code == INTERRUPTED:  # the NCF loop's own Ctrl-C, after its step
                 raise self._end(trial, "interrupted", True) from None
-            raise self._end(trial, "error", _first_line(e)) from None
+            raise self._end(trial, "error", first_line(e, 200)) from None
         except Exception as e:  # noqa: BLE001 - any error is the trial's, in one line
-            raise self._end(trial, "error", _first_line(e)) from None
+            raise self._end(trial, "error", first_line(e, 200)) from None
 
     def _end(self, trial: Any, why: str, value: Any) -> BaseException:
         """Record why the trial failed, remove its run; the exception that fails it."""
