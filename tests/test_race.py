@@ -92,6 +92,20 @@ def test_the_sample_keeps_each_sampled_users_rows_under_new_dense_ids() -> None:
     for name, value in want.items():
         assert got[name].tolist() == value, name
     assert got["train_users"].dtype == np.int32 and got["valid_users"].dtype == np.int32
+    # Users 1 and 3: neither a prefix of the log's users nor of its validation rows.
+    got = race.sample_arrays(_hand_made(), np.asarray([1, 3]), get_backend("cpu"))
+    want = {
+        "train_users": [0, 1],
+        "train_items": [0, 2],
+        "train_age": [0, 0],
+        "test_items": [4, 0],
+        "test_negatives": [[1, 2], [4, 5]],
+        "valid_users": [1],
+        "valid_items": [1],
+        "valid_negatives": [[3, 4]],
+    }
+    for name, value in want.items():
+        assert got[name].tolist() == value, name
 
 
 @pytest.fixture(scope="module")
@@ -105,19 +119,24 @@ def untimed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _fake_runs(
-    figures: dict[str, float], fail: Exception | None = None, fail_on: int = 2
+    figures: dict[str, float],
+    fail: Exception | None = None,
+    fail_on: int = 2,
+    ndcg: dict[str, float] | None = None,
 ) -> tuple[list[Any], Callable[..., Any]]:
     """A fake of loop.train for the race's runs: each recipe's validation HR@10 is
-    figures[recipe] (`fail` raised by run `fail_on`); the configs it is called with, and it."""
+    figures[recipe] (its NDCG@10 ndcg[recipe], else 0; `fail` raised by run `fail_on`); the
+    configs it is called with (each with the sample's meta.json as `sample_meta`), and it."""
     calls: list[Any] = []
 
     def train(cfg: TrainConfig, progress: Any, env: Any, score_test: bool = True) -> Any:
         assert not score_test  # the race never reads the test set
-        assert Path(cfg.data_dir, "meta.json").is_file()
-        calls.append(cfg)
+        meta = json.loads(Path(cfg.data_dir, "meta.json").read_text())
+        calls.append(SimpleNamespace(**vars(cfg), sample_meta=meta))
         if fail is not None and len(calls) == fail_on:
             raise fail
-        return SimpleNamespace(validation={"hr@10": figures[cfg.recipe], "ndcg@10": 0.0})
+        figure = (ndcg or {}).get(cfg.recipe, 0.0)
+        return SimpleNamespace(validation={"hr@10": figures[cfg.recipe], "ndcg@10": figure})
 
     return calls, train
 
@@ -152,9 +171,20 @@ def test_the_better_validation_figure_wins_and_a_tie_keeps_the_first_column(
     assert [c.recipe for c in calls] == [RECIPES[0], RECIPES[1]]
     assert all(c.lr == 0.01 and c.data_dir == calls[0].data_dir for c in calls)
     assert "ml-100k 0.3100, ml-1m 0.4200" in won.note()
+    # Each run is the recipe's own on the sample: a fresh run keeping one checkpoint, on the
+    # log's split, seed and sampled negatives (the split decides the order term).
+    assert all(c.keep_checkpoints == 1 and not c.resume and c.target_hr is None for c in calls)
+    for c in calls:
+        assert {k: c.sample_meta.get(k) for k in ("split", "seed", "eval_negatives")} == {
+            k: data.meta.get(k) for k in ("split", "seed", "eval_negatives")
+        }
     assert list(tmp_path.iterdir()) == []  # the sample and its runs are gone
     assert _race(untimed, _fake_runs({RECIPES[0]: 0.5, RECIPES[1]: 0.5})[1]).column == 0
     assert _race(untimed, _fake_runs({RECIPES[0]: 0.6, RECIPES[1]: 0.5})[1]).column == 0
+    # --select-metric is what the race compares, as it is what each run chose its epoch by.
+    by_ndcg = _fake_runs({RECIPES[0]: 0.6, RECIPES[1]: 0.5}, ndcg={RECIPES[1]: 0.3})[1]
+    won = _race(untimed, by_ndcg, select_metric="ndcg@10")
+    assert won.column == 1 and won.figures == (0.0, 0.3) and "validation ndcg@10" in won.note()
 
 
 def test_the_verdict_takes_each_racers_figures_and_the_slowest_racers_seconds() -> None:
