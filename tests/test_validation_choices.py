@@ -114,6 +114,15 @@ def _resolved(tmp_path: Path, n_train: int, variants: list[dict[str, Any]]) -> d
     return got
 
 
+def test_each_column_takes_the_logs_below_its_bound() -> None:
+    """The table's columns as docs/training-defaults.md gives them: < 500k, 500k to 5M, >= 5M
+    training positives; a log of exactly a bound's positives is the next column's."""
+    from ncfcli.training.defaults import size_column
+
+    sizes = (1, 499_999, 500_000, 4_999_999, 5_000_000, 1_223_962_043)
+    assert [size_column(n) for n in sizes] == [0, 0, 1, 1, 2, 2]
+
+
 def test_past_the_first_tier_the_probe_turns_the_order_term_on(tmp_path: Path) -> None:
     """The size tiers past the first have no order term (`--recipe size`); on a sequential
     log (the validation probe finds time) it is turned on, on a log whose times say nothing
