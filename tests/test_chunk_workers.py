@@ -57,8 +57,11 @@ def test_two_workers_run_in_order_under_the_callers_grad_mode(
     _two_workers(monkeypatch)
     seen: list[tuple[str, bool, int]] = []
 
+    threads: list[int] = []
+
     def fn(lo: int, hi: int) -> tuple[int, int]:
         seen.append((threading.current_thread().name, torch.is_grad_enabled(), lo))
+        threads.append(torch.get_num_threads())
         return lo, hi
 
     with torch.no_grad():
@@ -66,6 +69,7 @@ def test_two_workers_run_in_order_under_the_callers_grad_mode(
     # chunk: min(30 // 2, 10) = 10 rows, 10 chunks, in order
     assert got == [(i, i + 10) for i in range(0, 100, 10)]
     assert {name for name, _, _ in seen} != {threading.main_thread().name}
+    assert set(threads) == {1}  # one intra-op thread each, not OpenMP's team of every core
     assert not any(grad for _, grad, _ in seen)  # no autograd graph built in the workers
     with torch.enable_grad():
         map_chunks(fn, 20, 30, "cpu", threaded=10)
@@ -95,6 +99,29 @@ def test_workers_only_on_a_cpu_whose_scoring_has_one_thread(
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.setattr(scorer, "scoring_thread_count", lambda device: 7)
     assert scorer.chunk_workers("cpu") == 1  # intra-op threads on the cores already
+
+
+def test_scoring_leaves_a_core_and_gives_the_threads_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU scoring runs one intra-op thread fewer than the process may use (one on two
+    cores, as training does), never more than torch has; the user's OMP_NUM_THREADS and a GPU
+    keep torch's count; `scoring_threads` puts the count back on the way out."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        for cores, now, want in [(2, 2, 1), (4, 4, 3), (8, 2, 2), (1, 1, 1), (2, 1, 1)]:
+            monkeypatch.setattr(scorer, "cpu_count", lambda cores=cores: cores)
+            torch.set_num_threads(now)
+            assert scorer.scoring_thread_count("cpu") == want, (cores, now)
+            assert scorer.scoring_thread_count("cuda") == now
+            with scorer.scoring_threads("cpu"):
+                assert torch.get_num_threads() == want
+            assert torch.get_num_threads() == now
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert scorer.scoring_thread_count("cpu") == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_two_workers_rank_as_one_thread_does(monkeypatch: pytest.MonkeyPatch) -> None:
