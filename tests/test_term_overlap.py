@@ -107,6 +107,45 @@ def test_an_error_in_the_terms_half_stops_the_run(
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
+def test_an_error_in_the_kinds_half_waits_for_the_terms_half(
+    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_cores: None
+) -> None:
+    """An error (a second Ctrl-C, out of memory) in the loop thread's half leaves the step only
+    once the term's half is done: its Adam group is not still writing the weights while the
+    run stops and saves."""
+    import time
+
+    from ncfcli.model.neumf import NCF
+    from ncfcli.training import optim
+
+    seen: dict[str, Any] = {"term done": False}
+    real_term, real_overlapped = NCF.sequence_loss, step._overlapped
+
+    def slow_term(self: Any, *args: Any) -> Any:
+        time.sleep(0.3)  # the kind's half fails first
+        out = real_term(self, *args)
+        seen["term done"] = True
+        return out
+
+    def kind_fails(*args: Any) -> Any:
+        raise RuntimeError("planted failure in the kind's loss")
+
+    def overlapped(*args: Any) -> Any:
+        try:
+            return real_overlapped(*args)
+        except RuntimeError:
+            seen["term done when it raised"] = seen["term done"]
+            raise
+
+    monkeypatch.setattr(NCF, "sequence_loss", slow_term)
+    monkeypatch.setattr(optim, "pointwise_loss", kind_fails)
+    monkeypatch.setattr(step, "_overlapped", overlapped)
+    res = ncf("train", eras, "--out", tmp_path / "run", "--device", "cpu", "--epochs", "1",
+              "-q", *FLAGS)  # fmt: skip
+    assert res.exit_code != 0 and "planted failure" in str(res.exception), res.output
+    assert seen.get("term done when it raised") is True, seen
+
+
 @pytest.fixture
 def one_thread() -> Any:
     """Training's intra-op threads on a small batch (training/device.py `set_threads`)."""
@@ -167,3 +206,19 @@ def test_no_free_core_or_several_intra_op_threads_stay_serial(
     monkeypatch.setattr(step, "cpu_count", lambda: 16)
     torch.set_num_threads(4)  # a large batch on a many-core CPU: intra-op threads already
     assert step.term_thread(_session()) is None
+
+
+def test_micro_batches_step_serially_beside_a_term_thread(
+    eras: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, two_cores: None
+) -> None:
+    """--micro-batch cuts the step into slices (gradient accumulation), which the overlapped
+    step does not: such a run steps serially though a term thread is there, and trains what
+    the same run without a term thread trains."""
+    calls = _overlap_counted(monkeypatch)
+    cut = ["--micro-batch", "1024", "--epochs", "1"]
+    threaded = train(eras, tmp_path / "threaded", *FLAGS, *cut)
+    assert calls["why"][-1] is not None, calls  # a term thread was there
+    assert calls["n"] == 0, calls  # and no step took it
+    monkeypatch.setattr(loop, "term_thread", lambda s: None)
+    serial = train(eras, tmp_path / "serial", *FLAGS, *cut)
+    assert threaded["validation"] == serial["validation"]
