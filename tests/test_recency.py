@@ -319,3 +319,28 @@ def test_the_probes_figure_equals_the_one_written_out(monkeypatch: pytest.Monkey
     assert got.mean_difference == pytest.approx(float(np.mean(by_hand)), rel=1e-12)
     d = np.asarray(by_hand)
     assert got.z == round(float(d.mean() / (d.std(ddof=1) / np.sqrt(2))), 3)
+
+
+def test_the_probe_reads_a_seeded_sample_of_users_of_four_items_or_more(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Users of PROBE_MIN_ITEMS (4) training items take part, users of 3 do not; where there are
+    more validation users than PROBE_USERS, the seed draws which (each one's own figure)."""
+    from ncfcli.training import recency
+
+    n_items = 10
+    histories = {0: [5, 6, 7, 8, 9, 2, 4, 1], 1: [4, 5, 6, 7, 8, 1, 2, 3]}
+    histories.update({u: [0, 1, 2, 3] for u in range(2, 8)})
+    histories[8] = [1, 2, 3]  # too few to have a latest quarter
+    valid = {0: 0, 1: 0, 2: 5, 8: 5}
+    monkeypatch.setattr(recency, "PROBE_MIN_USERS", 1)
+    got = probe(_probe_data(histories, valid, n_items), np)
+    assert got is not None and got.users == 3  # users 0, 1 and 2 (4 items), not 8 (3)
+    # Two users a probe of three: the seeds between them draw every pair (the means of the
+    # users' own figures), not the first two each time.
+    monkeypatch.setattr(recency, "PROBE_USERS", 2)
+    data = _probe_data(histories, {0: 0, 1: 0, 2: 5}, n_items)
+    figures = {round(probe(data, np, seed=s).mean_difference, 12) for s in range(12)}  # type: ignore[union-attr]
+    each = [_difference_by_hand(histories, u, v, n_items) for u, v in ((0, 0), (1, 0), (2, 5))]
+    pairs = {round((each[a] + each[b]) / 2, 12) for a, b in ((0, 1), (0, 2), (1, 2))}
+    assert len(pairs) == 3 and figures == pairs
