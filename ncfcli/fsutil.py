@@ -186,7 +186,11 @@ def install_dir(tmp: Path, path: Path, kind: str) -> None:
         _check_replaceable(path, kind, "output", overwrite=True)
         old = path.with_name(f".{path.name}.old-{os.getpid()}")
         os.replace(path, old)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except BaseException:  # the old output back where it was, as atomic_dir promises
+            os.replace(old, path)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, path)

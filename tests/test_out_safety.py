@@ -16,9 +16,18 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from ncfcli import fsutil
 from ncfcli.cli import app
 from ncfcli.errors import NcfError
-from ncfcli.fsutil import MARKER, check_out_file, record_written, write_marker
+from ncfcli.fsutil import (
+    MARKER,
+    atomic_dir,
+    check_out_dir,
+    check_out_file,
+    record_written,
+    remove_output,
+    write_marker,
+)
 from tests._runs import make_run
 
 runner = CliRunner()
@@ -414,3 +423,92 @@ def test_created_folders_follow_the_umask(tmp_path: Path, umask: int, mode: int)
         os.umask(old)
     assert res.exit_code == 0, res.output
     assert (tmp_path / "d").stat().st_mode & 0o777 == mode
+
+
+# ---- the record's rules, one by one -------------------------------------------------------------
+
+
+def _run_like(folder: Path, *extra: str) -> Path:
+    """A folder as `ncf train` leaves it: its record listing two files and checkpoints/ (with a
+    record of its own); `extra` names more files put in it."""
+    (folder / "checkpoints").mkdir(parents=True)
+    write_marker(folder / "checkpoints", "checkpoints", ["*.pt"])
+    (folder / "checkpoints" / "last.pt").write_text("w")
+    for name in ("best.pt", "metrics.csv", *extra):
+        (folder / name).write_text(name)
+    write_marker(folder, "run", ["best.pt", "metrics.csv", "checkpoints"])
+    return folder
+
+
+def test_ncfs_leftovers_neither_block_nor_count_as_the_users(tmp_path: Path) -> None:
+    """A crash's leftover (ncf's own `.NAME.tmp-XXXX` or `.NAME.old-XXXX`) in ncf's output does
+    not stop --overwrite, and a folder holding nothing else is an empty one; a user's file
+    whose name merely looks alike (no leading dot) is the user's."""
+    run = _run_like(tmp_path / "run", ".best.pt.tmp-4242")
+    assert check_out_dir(run, "run", overwrite=True) is True
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / ".run.old-77").mkdir()
+    assert check_out_dir(tmp_path / "crashed", "run", overwrite=False) is False
+    mine = _run_like(tmp_path / "mine", "notes.tmp-2024")
+    with pytest.raises(NcfError, match="holds 'notes.tmp-2024', which ncf did not write"):
+        check_out_dir(mine, "run", overwrite=True)
+
+
+def test_a_listed_folder_without_ncfs_record_is_the_users(tmp_path: Path) -> None:
+    """checkpoints/ is ncf's only while it holds ncf's record: the user's own folder of that
+    name is refused, and nothing is changed."""
+    run = _run_like(tmp_path / "run")
+    (run / "checkpoints" / MARKER).unlink()
+    with pytest.raises(NcfError, match="holds 'checkpoints/', which ncf did not write"):
+        check_out_dir(run, "run", overwrite=True)
+    assert (run / "checkpoints" / "last.pt").read_text() == "w"
+
+
+def test_removing_ncfs_output_unlinks_a_link_and_keeps_what_it_points_to(tmp_path: Path) -> None:
+    """An entry of the record that is a link to a folder is removed as a link: the folder it
+    points to, and the user's files there, stay."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("the user's")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "data").symlink_to(theirs, target_is_directory=True)
+    write_marker(out, "files", ["data"])
+    remove_output(out)
+    assert not (out / "data").exists() and (theirs / "keep.txt").read_text() == "the user's"
+
+
+def test_folders_above_home_or_the_current_one_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "top" / "home" / "me"
+    cwd = tmp_path / "elsewhere" / "work" / "deep"
+    for folder in (home, cwd):
+        folder.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    for out, says in [(home.parent, "home folder"), (tmp_path / "top", "home folder"),
+                      (cwd.parent, "current folder"), (cwd.parent.parent, "current folder")]:  # fmt: skip
+        with pytest.raises(NcfError, match=says):
+            check_out_dir(out, "run", overwrite=True)
+
+
+def test_output_that_cannot_be_put_in_place_leaves_the_old_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replacing ncf's output moves the old one aside, the new one in, then removes the old:
+    where the new one cannot move in, the old one is back where it was, whole."""
+    run = _run_like(tmp_path / "run")
+    real = os.replace
+
+    def second_fails(src: Any, dst: Any) -> None:
+        if Path(src).name.startswith(".run.tmp-"):
+            raise PermissionError(13, "Permission denied", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(fsutil.os, "replace", second_fails)
+    with pytest.raises(PermissionError), atomic_dir(run, "run") as tmp:
+        (tmp / "best.pt").write_text("new")
+    assert (run / "best.pt").read_text() == "best.pt"
+    assert (run / "checkpoints" / "last.pt").read_text() == "w"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
