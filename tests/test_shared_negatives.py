@@ -52,7 +52,7 @@ def test_an_epoch_is_every_positive_once_and_each_step_draws_k_items() -> None:
     assert _pairs(ep.users, ep.items) == want
     steps = list(ep)
     assert len(steps) == len(ep) == -(-len(want) // 16)
-    assert ep.n_samples == 5 * len(want) and ep.batch_size == 80
+    assert ep.n_samples == 5 * len(want) == sampler.samples_per_epoch(80) and ep.batch_size == 80
     negatives = np.asarray(ep.negatives)
     assert negatives.shape == (len(steps), 40)
     assert negatives.min() >= 0 and negatives.max() < 150
