@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 from ncfcli.version import __version__
 
 MARKER = ".ncf-output.json"
@@ -62,7 +62,7 @@ def file_system_line(e: OSError) -> str:
     if paths and e.strerror:
         text = f"{' -> '.join(paths)}: {e.strerror}"
     else:  # pyarrow's and others' errors carry the path only in their text
-        text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        text = first_line(e, 1000)
         text = re.sub(r"^\[Errno \d+\] ", "", text)
     return _TEMPORARY.sub(r"\1\2", text)
 

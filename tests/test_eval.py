@@ -199,6 +199,22 @@ def test_truncated_checkpoint(run_dir: Path, tmp_path: Path) -> None:
         assert "cannot be loaded" in res.stderr and res.stderr.count("\n") == 1, res.stderr
 
 
+def test_a_model_its_config_does_not_build_is_one_line(
+    run_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint whose model its config does not build is one line, the library's reason
+    its first line, or its type's name where it gives none (it was a traceback then)."""
+    from ncfcli.rundir import checkpoint
+
+    def fails(cfg: object) -> None:
+        raise RuntimeError()
+
+    monkeypatch.setattr(checkpoint, "build_model", fails)
+    res = ncf("eval", run_dir)
+    assert res.exit_code == 1
+    assert res.stderr == "error: checkpoint model does not match its config: RuntimeError\n"
+
+
 def test_pickled_object_is_never_unpickled(run_dir: Path, tmp_path: Path) -> None:
     import shutil
 

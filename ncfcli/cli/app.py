@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from ncfcli.errors import INTERRUPTED, NcfError, is_device_oom
+from ncfcli.errors import INTERRUPTED, NcfError, first_line, is_device_oom
 from ncfcli.fsutil import file_system_line
 from ncfcli.options import DEVICE_HELP, DEVICES, OUTPUT
 from ncfcli.version import __version__
@@ -185,7 +185,7 @@ def user_errors(func: F) -> F:
             raise fail("interrupted", INTERRUPTED) from None
         except MemoryError as e:
             if is_device_oom(e):  # CuPy's and RMM's GPU errors are MemoryErrors too
-                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+                why = first_line(e, 160)
                 raise fail(
                     f"out of GPU memory ({why}); use a smaller batch (--batch-size, "
                     "--eval-batch), dataset or model; docs/gpu-memory.md plans the "

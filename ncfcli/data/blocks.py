@@ -33,7 +33,7 @@ from ncfcli.backend import Backend, array_backend
 from ncfcli.data import raw, synthetic, values
 from ncfcli.data.index import take
 from ncfcli.data.xops import host_int, sorted_unique, to_host
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 
 BLOCK_BYTES_ENV = "NCF_DASK_BLOCK_BYTES"  # tests cut small files into many blocks with it
 BLOCK_BYTES = 64 << 20  # a text block: ~2.5M MovieLens rows, ~200 MB once parsed and keyed
@@ -161,7 +161,7 @@ def _read_parquet_block(block: Block, wanted: list[str]) -> dict[str, Any]:
     try:
         table = pq.ParquetFile(block.path).read_row_group(block.start, columns=wanted)
     except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
-        raise NcfError(f"{block.path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+        raise NcfError(f"{block.path}: cannot read Parquet: {first_line(e)}") from None
     return raw.table_columns(table, wanted)
 
 

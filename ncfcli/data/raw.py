@@ -37,7 +37,7 @@ from typing import Any
 from ncfcli.backend import Backend, read_table_gpu
 from ncfcli.data import values
 from ncfcli.data.archive import extract_ratings, find_ratings_file, is_zip, sha256_file
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 
 _ML_COLUMNS = ["user", "item", "rating", "timestamp"]
 _ML20M_HEADER = ["userId", "movieId", "rating", "timestamp"]
@@ -381,7 +381,7 @@ def _read_csv_cpu(
     try:
         table = pacsv.read_csv(source, read_opts, parse_opts, convert_opts)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowKeyError) as e:
-        msg = str(e).strip().splitlines()[0]
+        msg = first_line(e, 1000)
         if typed and "conversion error" in msg:
             return None
         if ragged:
@@ -415,7 +415,7 @@ def _read_parquet_cpu(path: Path, wanted: list[str]) -> dict[str, Any]:
     try:
         table = pq.read_table(path, columns=wanted)
     except Exception as e:  # corrupt pages raise OSError or ArrowInvalid
-        raise NcfError(f"{path}: cannot read Parquet: {str(e).splitlines()[0]}") from None
+        raise NcfError(f"{path}: cannot read Parquet: {first_line(e)}") from None
     return table_columns(table, wanted)
 
 
@@ -470,7 +470,7 @@ def read_gpu(
     try:
         frame = reader(str(path) if source is None else source, layout.fmt, **kwargs)
     except Exception as e:  # cuDF raises RuntimeError/ValueError with long texts
-        raise NcfError(f"{path}: cannot parse: {str(e).strip().splitlines()[0]}") from None
+        raise NcfError(f"{path}: cannot parse: {first_line(e)}") from None
     return {w: frame[w] for w in wanted}
 
 

@@ -37,7 +37,7 @@ from ncfcli.data.layout import (
     fingerprint,
     part_name,
 )
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 from ncfcli.fsutil import MARKER, atomic_dir, write_marker
 
 
@@ -115,7 +115,7 @@ def read_bucket(
             if name in names:
                 out[name] = column_array(table.column(col))
     except (OSError, KeyError, ValueError) as e:
-        raise NcfError(f"{f} is missing or corrupt: {str(e).splitlines()[0]}") from None
+        raise NcfError(f"{f} is missing or corrupt: {first_line(e)}") from None
     for name in HELDOUT:
         if name in names:
             f = path / HELDOUT_DIR / part / f"{name}.npy"

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 from ncfcli.fsutil import atomic_path, read_marker
 from ncfcli.model import baselines
 from ncfcli.model.config import ModelConfig
@@ -93,8 +93,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str = "cpu") -> dict[
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated file, foreign pickle, wrong format: all one message
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise NcfError(f"checkpoint {path} cannot be loaded: {first[:200]}") from None
+        raise NcfError(f"checkpoint {path} cannot be loaded: {first_line(e, 200)}") from None
     if not isinstance(state, dict) or state.get("kind") != KIND:
         raise NcfError(f"{path} is not an ncfcli checkpoint")
     if state.get("format_version") != FORMAT_VERSION:
@@ -117,8 +116,8 @@ def model_from_checkpoint(state: dict[str, Any], device: str = "cpu") -> NCF:
         model = build_model(cfg)
         model.load_state_dict(state["model"])
     except (TypeError, ValueError, RuntimeError, KeyError) as e:
-        first = str(e).strip().splitlines()[0]
-        raise NcfError(f"checkpoint model does not match its config: {first[:200]}") from None
+        why = first_line(e, 200)
+        raise NcfError(f"checkpoint model does not match its config: {why}") from None
     return model.to(device)
 
 

@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ncfcli.errors import NcfError
+from ncfcli.errors import NcfError, first_line
 from ncfcli.scoring.scorer import context_window
 
 INPUTS = ("user", "item")
@@ -158,8 +158,7 @@ def build(model: Any, path: Path, opset: int, context: Any, session: bool) -> No
     except (NcfError, OSError):  # a full disk, a folder gone: the caller's one line names it
         raise
     except Exception as e:  # exporter failures are long; the first line says enough
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise NcfError(f"ONNX export failed: {first[:300]}") from None
+        raise NcfError(f"ONNX export failed: {first_line(e)}") from None
     try:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as e:

@@ -88,7 +88,7 @@ from ncfcli.data.record import (
 from ncfcli.data.sources import save_titles
 from ncfcli.data.store import finish_dataset
 from ncfcli.data.synthetic import partition_bounds
-from ncfcli.errors import INTERRUPTED, NcfError
+from ncfcli.errors import INTERRUPTED, NcfError, first_line
 
 # ---- the client ---------------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ def prepare_dask(
                 if isinstance(e, CommClosedError) or "worker" in str(e).lower():
                     raise resume.noted(died(e, client), out) from None
                 if str(e).startswith("P2P"):
-                    raise NcfError(f"the Dask shuffle failed: {str(e).splitlines()[0]}") from None
+                    raise NcfError(f"the Dask shuffle failed: {first_line(e)}") from None
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
