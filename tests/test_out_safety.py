@@ -512,3 +512,28 @@ def test_output_that_cannot_be_put_in_place_leaves_the_old_one(
     assert (run / "best.pt").read_text() == "best.pt"
     assert (run / "checkpoints" / "last.pt").read_text() == "w"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_run_folder_is_replaced_unasked_only_where_nothing_in_it_can_be_resumed(
+    tmp_path: Path,
+) -> None:
+    """A run that saved no checkpoint (it failed or was killed in its first epoch) is replaced
+    without --overwrite; one holding best.pt or last.pt is not, nor a run from before ncf
+    recorded its output, which only --resume continues."""
+    from ncfcli.rundir.record import check_run_dir
+
+    data = tmp_path / "data"
+    data.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    write_marker(run, "run", ["config.json", "best.pt", "checkpoints"])
+    assert check_run_dir(run, overwrite=False, data_dir=str(data)) is True
+    (run / "best.pt").write_text("w")
+    with pytest.raises(NcfError, match="add --resume to continue it, --overwrite to replace"):
+        check_run_dir(run, overwrite=False, data_dir=str(data))
+    old = tmp_path / "old"
+    (old / "checkpoints").mkdir(parents=True)
+    (old / "checkpoints" / "last.pt").write_text("w")
+    with pytest.raises(NcfError, match="already holds a run: add --resume to continue it"):
+        check_run_dir(old, overwrite=True, data_dir=str(data))

@@ -40,6 +40,11 @@ def test_dropout_run_stopped_mid_epoch_resumes_exactly(
     assert part.exit_code == 130, part.output
     stopped = load_checkpoint(tmp_path / "part" / "checkpoints" / "last.pt")
     assert stopped["step"] == 4
+    # A part of epoch 2 is last.pt alone: epoch 1's checkpoint stays epoch 1's whole.
+    names = sorted(p.name for p in (tmp_path / "part" / "checkpoints").iterdir())
+    assert names == [".ncf-output.json", "epoch_0001.pt", "last.pt"]
+    first = load_checkpoint(tmp_path / "part" / "checkpoints" / "epoch_0001.pt")
+    assert first["epoch"] == 1 and not first.get("step")
     # Nothing device-specific is needed to resume: no CPU or CUDA generator state.
     assert not any("rng" in key for key in stopped), sorted(stopped)
     monkeypatch.setattr(train_optim, "pointwise_loss", real)
