@@ -142,6 +142,8 @@ def test_user_errors_are_one_line(run_dir: Path, args: list[str], message: str) 
     assert res.exit_code != 0
     assert message in res.stderr and res.stderr.count("\n") == 1, res.stderr
     assert res.stdout == ""
+    if "not in the training data" in message:  # no user known: refused (docs/serving.md), 1
+        assert res.exit_code == 1 and "skipped" not in res.stderr, res.stderr
 
 
 def test_string_ids_and_short_lists(tmp_path: Path) -> None:

@@ -196,6 +196,10 @@ def test_fallback_popular(tmp_path: Path) -> None:
     assert first == {"user": "nobody", "items": ["i2", "i3", "i4"], "scores": [3.0, 3.0, 3.0],
                      "fallback": "popular"}  # fmt: skip
     assert second["user"] == 3 and "fallback" not in second
+    res = runner.invoke(app, ["recommend", str(run), "-u", "nobody", "-k", "6",
+                              "--fallback", "popular", "--json"])  # fmt: skip
+    assert json.loads(res.stdout)["items"] == ["i2", "i3", "i4", "i5", "i1", "i6"]
+    assert json.loads(res.stdout)["scores"] == [3.0, 3.0, 3.0, 3.0, 2.0, 2.0]  # the counts
     res = runner.invoke(app, ["recommend", str(run), "-u", "x", "--fallback", "nearest"])
     assert res.exit_code != 0 and "--fallback must be one of popular" in res.stderr
 
