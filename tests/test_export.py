@@ -418,43 +418,28 @@ def test_a_disk_that_fills_during_the_export_is_the_disk_full_line(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_another_write_error_during_the_export_names_the_users_file(
-    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_another_write_error_during_the_export_names_the_users_path(
+    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """A write that fails for another reason (a graph past a FAT disk's 4 GiB) names the file
-    where the user will look for it, not the staging folder ncf wrote it in first."""
+    """A write that fails for another reason than a full disk names the path where the user
+    will look, not the staging folder ncf wrote in first: the file (a graph past a FAT disk's
+    4 GiB), or the user's folder where the error is on the staging folder itself."""
     import errno
 
-    def too_large(self: object, path: str, **kwargs: object) -> None:
-        raise OSError(errno.EFBIG, "File too large", path)
-
-    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", too_large)
-    out = tmp_path / "exp"
-    res = runner.invoke(
-        app, ["export", str(exported["run"]), "--onnx", "--out", str(out / "m.onnx")]
-    )
-    assert res.exit_code == 1, res.output
-    assert res.stderr.strip().splitlines()[-1] == f"error: {out / 'm.onnx'}: File too large"
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_an_error_on_the_staging_folder_itself_names_the_users_folder(
-    exported: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An error on ncf's staging folder itself (not a file in it) names the folder the user gave,
-    where the staging folder stood, not `.ncf-export-XXXX`."""
-    import errno
-
-    def denied(self: object, path: str, **kwargs: object) -> None:
+    def fails(self: object, path: str, **kwargs: object) -> None:
+        if where == "file":
+            raise OSError(errno.EFBIG, "File too large", path)
         raise PermissionError(errno.EACCES, "Permission denied", os.path.dirname(path))
 
-    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", denied)
+    monkeypatch.setattr(torch.onnx.ONNXProgram, "save", fails)
     out = tmp_path / "exp"
     res = runner.invoke(
         app, ["export", str(exported["run"]), "--onnx", "--out", str(out / "m.onnx")]
     )
     assert res.exit_code == 1, res.output
-    assert res.stderr.strip().splitlines()[-1] == f"error: {out}: Permission denied"
+    said = {"file": f"{out / 'm.onnx'}: File too large", "folder": f"{out}: Permission denied"}
+    assert res.stderr.strip().splitlines()[-1] == f"error: {said[where]}"
     assert list(tmp_path.iterdir()) == []
 
 
