@@ -120,3 +120,26 @@ def test_an_epoch_copies_to_the_device_once(batches: SequenceBatches) -> None:
         for step in range(7):
             batches.step(2, step, 7)
     assert copies.seen == ["to"]
+
+
+def test_each_step_draws_its_own_negatives_and_ranks_split_a_steps_users(
+    batches: SequenceBatches, eras: Path
+) -> None:
+    """A step's negatives are its own draw (another step, or the same step of another epoch,
+    draws others; the same step again the same), and the ranks of a job take equal, disjoint
+    parts of each step's users, every user once."""
+    first = [batches.step(2, s, 7)[1] for s in range(7)]
+    assert all(not torch.equal(first[0], other) for other in first[1:])
+    assert torch.equal(batches.step(2, 3, 7)[1], first[3])
+    assert not torch.equal(batches.step(3, 0, 7)[1], first[0])
+    data = load_prepared(eras, CPU)
+    for world in (2, 3):
+        ranks = [
+            SequenceBatches(data, LENGTH, CPU, DistEnv(r, world), seed=3) for r in range(world)
+        ]
+        for step in range(7):
+            whole = batches.step(2, step, 7)[0]
+            parts = [rank.step(2, step, 7)[0] for rank in ranks]
+            assert torch.equal(torch.cat(parts), whole), (world, step)
+            sizes = [len(p) for p in parts]
+            assert max(sizes) - min(sizes) <= world - 1
